@@ -1,0 +1,116 @@
+//! A subscription group: its definition, its lanes (one per assigned partition, plus the
+//! replay lane) and its live clients, which compete for its records.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::SubscriptionSpec;
+use crate::lane::Lane;
+use crate::types::{ClientId, GroupName, Millis, Offset, Partition};
+
+#[derive(Clone, Debug)]
+pub(crate) struct Client {
+    pub id: ClientId,
+    /// How many more deliveries the client asked for.
+    pub credit: u32,
+    pub in_flight: u32,
+    /// (lane partition, lane offset) of every delivery it holds, so a departure can hand
+    /// them back at once instead of waiting for their ACK timeouts (upstream #5282).
+    pub holding: BTreeSet<(Partition, Offset)>,
+    pub last_active_ms: Millis,
+    /// When the client will be forgotten if it stays without credit and deliveries.
+    pub idle_deadline: Option<Millis>,
+}
+
+/// Delivery counters of one group, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    pub delivered: u64,
+    pub redelivered: u64,
+    pub acked: u64,
+    pub late_acked: u64,
+    pub nacked: u64,
+    pub expired: u64,
+    pub dead_lettered: u64,
+    pub filtered: u64,
+    pub rejected: u64,
+    pub skipped_retention: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Group {
+    /// Distinguishes this group from an earlier one in the same slot.
+    pub generation: u64,
+    pub name: GroupName,
+    pub spec: SubscriptionSpec,
+    /// Leases below this were never this group's.
+    pub lease_floor: u64,
+    pub lanes: BTreeMap<Partition, Lane>,
+    pub clients: Vec<Option<Client>>,
+    pub free_clients: Vec<u32>,
+    pub client_ids: BTreeMap<ClientId, u32>,
+    /// Clients that can take a delivery now, least loaded first: (in_flight, slot).
+    pub ready_clients: BTreeSet<(u32, u32)>,
+    /// Lanes with a ready record.
+    pub ready_lanes: BTreeSet<Partition>,
+    /// Round-robin position over ready lanes, so no partition starves another.
+    pub next_lane: Partition,
+    pub touched: bool,
+    pub stats: GroupStats,
+}
+
+impl Group {
+    pub fn new(generation: u64, spec: SubscriptionSpec, lease_floor: u64) -> Self {
+        Self {
+            generation,
+            name: spec.group.clone(),
+            spec,
+            lease_floor,
+            lanes: BTreeMap::new(),
+            clients: Vec::new(),
+            free_clients: Vec::new(),
+            client_ids: BTreeMap::new(),
+            ready_clients: BTreeSet::new(),
+            ready_lanes: BTreeSet::new(),
+            next_lane: 0,
+            touched: false,
+            stats: GroupStats::default(),
+        }
+    }
+
+    /// Changes a client and keeps `ready_clients` exact.
+    pub fn update_client<R>(&mut self, slot: u32, f: impl FnOnce(&mut Client) -> R) -> Option<R> {
+        let max = self.spec.max_in_flight_per_client;
+        let c = self.clients.get_mut(slot as usize)?.as_mut()?;
+        self.ready_clients.remove(&(c.in_flight, slot));
+        let r = f(c);
+        if c.credit > 0 && c.in_flight < max {
+            self.ready_clients.insert((c.in_flight, slot));
+        }
+        Some(r)
+    }
+
+    /// Re-evaluates a lane's place in `ready_lanes`.
+    pub fn sync_lane(&mut self, partition: Partition) {
+        let ready = self
+            .lanes
+            .get(&partition)
+            .is_some_and(|l| !l.ready.is_empty());
+        if ready {
+            self.ready_lanes.insert(partition);
+        } else {
+            self.ready_lanes.remove(&partition);
+        }
+    }
+
+    /// The next lane to serve, round-robin.
+    pub fn pick_lane(&mut self) -> Option<Partition> {
+        let p = self
+            .ready_lanes
+            .range(self.next_lane..)
+            .next()
+            .or_else(|| self.ready_lanes.first())
+            .copied()?;
+        self.next_lane = p.wrapping_add(1);
+        Some(p)
+    }
+}
