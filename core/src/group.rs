@@ -45,6 +45,9 @@ pub(crate) struct Group {
     /// Leases below this were never this group's.
     pub lease_floor: u64,
     pub lanes: BTreeMap<Partition, Lane>,
+    /// The newest lease given out per partition (bounded by the partitions ever assigned),
+    /// so an id of a revoked lane answers `revoked` and a never-issued one `unknown`.
+    pub last_leases: BTreeMap<Partition, u64>,
     pub clients: Vec<Option<Client>>,
     pub free_clients: Vec<u32>,
     pub client_ids: BTreeMap<ClientId, u32>,
@@ -66,6 +69,7 @@ impl Group {
             spec,
             lease_floor,
             lanes: BTreeMap::new(),
+            last_leases: BTreeMap::new(),
             clients: Vec::new(),
             free_clients: Vec::new(),
             client_ids: BTreeMap::new(),

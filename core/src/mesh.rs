@@ -565,6 +565,7 @@ impl Mesh {
             });
             let lease = self.next_lease;
             self.next_lease += 1;
+            group.last_leases.insert(a.partition, lease);
             let mut lane = Lane::new(a.partition, lease, true, checkpoint);
             if fresh {
                 // Pin the start position, so a restart does not re-resolve "latest".
@@ -607,6 +608,7 @@ impl Mesh {
         };
         let lease = self.next_lease;
         self.next_lease += 1;
+        group.last_leases.insert(partition, lease);
         let mut lane = Lane::new(partition, lease, true, Checkpoint::new(offset));
         // Decisions already taken stay: dead letters and broker ACKs still get written.
         lane.unsynced_dead_letters = old.unsynced_dead_letters;
@@ -638,6 +640,7 @@ impl Mesh {
         if !group.lanes.contains_key(&REPLAY_PARTITION) {
             let lease = self.next_lease;
             self.next_lease += 1;
+            group.last_leases.insert(REPLAY_PARTITION, lease);
             let lane = Lane::new(REPLAY_PARTITION, lease, false, Checkpoint::new(0));
             group.lanes.insert(REPLAY_PARTITION, lane);
         }
@@ -1324,7 +1327,14 @@ fn locate(
     if id.epoch > epoch {
         return Err(RejectReason::Unknown);
     }
-    let was_ours = id.lease >= group.lease_floor && id.lease < next_lease;
+    // A lease of this group on this partition that is no longer current was revoked (or
+    // re-seeked); anything else was never issued.
+    let was_ours = id.lease >= group.lease_floor
+        && id.lease < next_lease
+        && group
+            .last_leases
+            .get(&id.partition)
+            .is_some_and(|&last| id.lease <= last);
     let Some(lane) = group.lanes.get(&id.partition) else {
         return Err(if was_ours {
             RejectReason::Revoked
