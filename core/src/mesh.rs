@@ -1956,7 +1956,14 @@ fn maybe_fetch(cx: &mut Ctx, group: &mut Group, p: Partition) {
     if !lane.persistent || lane.fetch != FetchState::Idle {
         return;
     }
-    if lane.progress.range_count() >= cx.config.max_ack_ranges_per_lane {
+    // At the cap on ACK ranges, fetching pauses only above the highest range: below it, a
+    // fetch can only fill gaps (offsets inside ranges are skipped on intake), which is what
+    // closes ranges. A restart that recovered a checkpoint with the maximum number of ranges
+    // would otherwise never fetch the gaps, and the lane would stall for good (found by
+    // unimesh-sim seed 22).
+    if lane.progress.range_count() >= cx.config.max_ack_ranges_per_lane
+        && lane.cursor >= lane.progress.done_end()
+    {
         if !lane.paused_for_ranges {
             lane.paused_for_ranges = true;
             cx.stats.fetch_pauses_for_ranges += 1;
