@@ -59,6 +59,10 @@ pub(crate) struct Group {
     pub next_lane: Partition,
     pub touched: bool,
     pub stats: GroupStats,
+    /// The group's definition is in a durable persist. Until it is, every persist that
+    /// carries one of its checkpoints carries the definition too, so a store never holds
+    /// progress of a group it does not know (found by unimesh-sim seed 3973).
+    pub spec_durable: bool,
 }
 
 impl Group {
@@ -78,6 +82,7 @@ impl Group {
             next_lane: 0,
             touched: false,
             stats: GroupStats::default(),
+            spec_durable: false,
         }
     }
 

@@ -268,7 +268,10 @@ impl Mesh {
                     error,
                 }
             })?;
-            mesh.add_group(spec);
+            let g = mesh.add_group(spec);
+            if let Some(group) = mesh.groups[g as usize].as_mut() {
+                group.spec_durable = true;
+            }
         }
         for (group, partition, checkpoint) in recovered.checkpoints {
             // Checkpoints of groups that no longer exist are ignored, never resurrected.
@@ -905,6 +908,12 @@ impl Mesh {
             };
             lane.dirty = false;
             if lane.persistent {
+                // A checkpoint never becomes durable without its group's definition: an
+                // earlier persist that carried the definition may have failed.
+                if !group.spec_durable && !info.subscriptions.contains(&(g, group.generation)) {
+                    batch.subscriptions.push(group.spec.clone());
+                    info.subscriptions.push((g, group.generation));
+                }
                 batch.checkpoints.push(LaneCheckpoint {
                     group: group.name.clone(),
                     topic: group.spec.topic.clone(),
@@ -949,6 +958,13 @@ impl Mesh {
             for g in 0..self.groups.len() as u32 {
                 if let Some(group) = self.groups[g as usize].as_mut() {
                     self.cx.touch_group(g, group);
+                }
+            }
+        }
+        for &(g, generation) in &info.subscriptions {
+            if let Some(group) = self.groups.get_mut(g as usize).and_then(Option::as_mut) {
+                if group.generation == generation {
+                    group.spec_durable = true;
                 }
             }
         }
