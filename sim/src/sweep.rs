@@ -1,0 +1,86 @@
+//! Running many seeds: in order, on a few threads, with progress and totals.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::faults::FaultCounts;
+use crate::harness::{run_seed, Failure};
+use crate::options::Size;
+
+/// Totals over a sweep.
+#[derive(Clone, Debug, Default)]
+pub struct Totals {
+    pub seeds: u64,
+    pub steps: u64,
+    pub records: u64,
+    pub deliveries: u64,
+    pub repeated_first_attempts: u64,
+    pub late_acks: u64,
+    pub stale_rejected: u64,
+    pub dead_letters: u64,
+    pub faults: FaultCounts,
+}
+
+/// Runs seeds `from..from + count` on `jobs` threads. Returns the totals and the failure
+/// with the lowest seed, if any (the sweep stops handing out seeds after a failure).
+pub fn sweep(
+    from: u64,
+    count: u64,
+    size: Size,
+    jobs: usize,
+    mut progress: impl FnMut(&Totals, f64) + Send,
+) -> (Totals, Option<Failure>) {
+    let next = AtomicU64::new(from);
+    let stop = AtomicBool::new(false);
+    let totals = Mutex::new(Totals::default());
+    let failure: Mutex<Option<Failure>> = Mutex::new(None);
+    let progress = Mutex::new(&mut progress);
+    let start = Instant::now();
+    let end = from.saturating_add(count);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= end {
+                    return;
+                }
+                match run_seed(seed, size) {
+                    Ok(r) => {
+                        let snapshot = {
+                            let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
+                            t.seeds += 1;
+                            t.steps += r.steps;
+                            t.records += r.records;
+                            t.deliveries += r.stats.deliveries;
+                            t.repeated_first_attempts += r.stats.repeated_first_attempts;
+                            t.late_acks += r.stats.late_acks_accepted;
+                            t.stale_rejected += r.stats.stale_rejected;
+                            t.dead_letters += r.dead_letters as u64;
+                            t.faults += &r.faults;
+                            (t.seeds % 1000 == 0).then(|| t.clone())
+                        };
+                        if let Some(t) = snapshot {
+                            let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+                            (*p)(&t, start.elapsed().as_secs_f64());
+                        }
+                    }
+                    Err(f) => {
+                        stop.store(true, Ordering::Relaxed);
+                        let mut slot = failure.lock().unwrap_or_else(|e| e.into_inner());
+                        if slot.as_ref().is_none_or(|old| f.seed < old.seed) {
+                            *slot = Some(f);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (
+        totals.into_inner().unwrap_or_else(|e| e.into_inner()),
+        failure.into_inner().unwrap_or_else(|e| e.into_inner()),
+    )
+}
