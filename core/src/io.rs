@@ -20,6 +20,9 @@ pub type Ticket = u64;
 pub const REPLAY_PARTITION: Partition = u32::MAX;
 
 /// Everything that can happen to the mesh. Variants in alphabetical order.
+// `Subscribe` is large, but an input is moved into `handle` once and never stored in bulk,
+// so boxing it would cost an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Input {
