@@ -10,6 +10,26 @@
 //! Safety is checked at every observation; [`Checker::check_quiescent`] adds liveness once
 //! faults have stopped and the system has converged.
 //!
+//! # Driving it from another harness
+//! Call the hooks in the order things happen, passing the mesh's own notion of `now`
+//! (what its deadlines are computed from):
+//! - world: [`Checker::add_group`] once per group, [`Checker::published`] for every record
+//!   the broker acknowledged, [`Checker::retention`] when the broker deletes a prefix;
+//! - incarnations: [`Checker::started`] with the new epoch, [`Checker::crashed`];
+//! - inputs, right after the mesh answered them and before their effects:
+//!   [`Checker::client_poll`], [`Checker::client_gone`], [`Checker::settled`],
+//!   [`Checker::assigned`], [`Checker::revoked`], [`Checker::sought`] — fire due timers
+//!   before a seek or revocation, so a flush they trigger is not mistaken for the new lane's;
+//! - effects: [`Checker::delivered`], [`Checker::persist_emitted`], [`Checker::committed`],
+//!   [`Checker::broker_acked`] / [`Checker::replay_broker_acked`], [`Checker::skipped`];
+//! - the store: [`Checker::persist_applied`] when a batch is durable (also when the process
+//!   dies before hearing so), [`Checker::persist_notified`] when the mesh is told,
+//!   [`Checker::persist_failed`];
+//! - at the end: [`Checker::converged`] to know when to stop, [`Checker::check_quiescent`].
+//!
+//! A harness of the real shell that cannot see `Persist` batches directly can feed the
+//! same hooks from a storage port that reports what it wrote.
+//!
 //! # Generations
 //! Each (group, partition) lane has a *generation*, bumped by a seek, a revocation and a
 //! crash: every event after which the mesh may legitimately forget what was done in memory.
