@@ -46,6 +46,181 @@ impl Entry {
     }
 }
 
+/// The not-done records of a lane, by offset. A lane only ever adds records above all it
+/// holds (the fetch cursor and the replay slot counter only grow, and a truncation drops
+/// everything above the new cursor first), so the records live in a deque in offset order:
+/// appending is O(1), a lookup is O(1) while offsets are dense (else a binary search), and
+/// a removal leaves a hole that is reclaimed when it reaches either end or when holes
+/// outnumber records (amortised O(1), memory bounded by twice the records held + `HOLE_SLACK`). A
+/// `BTreeMap` moved the ~140-byte entries around its nodes on every insert and remove.
+/// Holes tolerated beyond one per record before the entry store is compacted (small in
+/// unit tests, so that they reach compaction).
+const HOLE_SLACK: usize = if cfg!(test) { 4 } else { 64 };
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Entries {
+    /// Strictly ascending offsets; `None` is a hole. The first and last slots are never holes.
+    slots: VecDeque<(Offset, Option<Entry>)>,
+    live: usize,
+}
+
+impl Entries {
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// The slot index of `offset`, if a slot (record or hole) has it.
+    fn index(&self, offset: Offset) -> Option<usize> {
+        let first = self.slots.front()?.0;
+        let guess = usize::try_from(offset.checked_sub(first)?).ok()?;
+        // Offsets are strictly ascending, so slot i holds an offset >= first + i: the slot
+        // of `offset`, if any, is at or below `guess`, and at `guess` when nothing between
+        // was skipped.
+        if self.slots.get(guess).is_some_and(|s| s.0 == offset) {
+            return Some(guess);
+        }
+        let end = guess.min(self.slots.len());
+        let (a, b) = self.slots.as_slices();
+        if end <= a.len() {
+            a[..end].binary_search_by_key(&offset, |s| s.0).ok()
+        } else {
+            match a.binary_search_by_key(&offset, |s| s.0) {
+                Ok(i) => Some(i),
+                Err(_) => b[..end - a.len()]
+                    .binary_search_by_key(&offset, |s| s.0)
+                    .ok()
+                    .map(|i| i + a.len()),
+            }
+        }
+    }
+
+    pub fn get(&self, offset: &Offset) -> Option<&Entry> {
+        let i = self.index(*offset)?;
+        self.slots[i].1.as_ref()
+    }
+
+    pub fn get_mut(&mut self, offset: &Offset) -> Option<&mut Entry> {
+        let i = self.index(*offset)?;
+        self.slots[i].1.as_mut()
+    }
+
+    pub fn contains_key(&self, offset: &Offset) -> bool {
+        self.get(offset).is_some()
+    }
+
+    /// Adds or replaces the record at `offset`. O(1) above everything held; an insertion
+    /// below (which the lane never does) still works, in O(n).
+    pub fn insert(&mut self, offset: Offset, entry: Entry) -> Option<Entry> {
+        match self.slots.back() {
+            None => {}
+            Some(&(last, _)) if offset > last => {}
+            Some(_) => {
+                return match self.index(offset) {
+                    Some(i) => {
+                        let old = self.slots[i].1.replace(entry);
+                        if old.is_none() {
+                            self.live += 1;
+                        }
+                        old
+                    }
+                    None => {
+                        let i = self.slots.partition_point(|s| s.0 < offset);
+                        self.slots.insert(i, (offset, Some(entry)));
+                        self.live += 1;
+                        None
+                    }
+                };
+            }
+        }
+        self.slots.push_back((offset, Some(entry)));
+        self.live += 1;
+        None
+    }
+
+    pub fn remove(&mut self, offset: &Offset) -> Option<Entry> {
+        let i = self.index(*offset)?;
+        let entry = self.slots[i].1.take()?;
+        self.live -= 1;
+        while self.slots.front().is_some_and(|s| s.1.is_none()) {
+            self.slots.pop_front();
+        }
+        while self.slots.back().is_some_and(|s| s.1.is_none()) {
+            self.slots.pop_back();
+        }
+        if self.slots.len() > 2 * self.live + HOLE_SLACK {
+            self.slots.retain(|s| s.1.is_some());
+        }
+        Some(entry)
+    }
+
+    pub fn first_key_value(&self) -> Option<(&Offset, &Entry)> {
+        self.iter().next()
+    }
+
+    /// Records in offset order.
+    pub fn iter(&self) -> EntriesIter<'_> {
+        fn held((o, e): &(Offset, Option<Entry>)) -> Option<(&Offset, &Entry)> {
+            e.as_ref().map(|e| (o, e))
+        }
+        self.slots.iter().filter_map(held)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Entry> + '_ {
+        self.iter().map(|(_, e)| e)
+    }
+
+    /// Offsets held at or above `from`, ascending.
+    pub fn offsets_from(&self, from: Offset) -> impl Iterator<Item = Offset> + '_ {
+        let start = self.slots.partition_point(|s| s.0 < from);
+        self.slots
+            .range(start..)
+            .filter(|s| s.1.is_some())
+            .map(|s| s.0)
+    }
+
+    /// Checks the structure's own invariants; used by `Mesh::check_invariants`.
+    pub fn check(&self) -> Result<(), String> {
+        let live = self.slots.iter().filter(|s| s.1.is_some()).count();
+        if live != self.live {
+            return Err(format!("entry count {} but {live} held", self.live));
+        }
+        if self.slots.front().is_some_and(|s| s.1.is_none())
+            || self.slots.back().is_some_and(|s| s.1.is_none())
+        {
+            return Err("entry store starts or ends with a hole".into());
+        }
+        if self
+            .slots
+            .iter()
+            .zip(self.slots.iter().skip(1))
+            .any(|(a, b)| a.0 >= b.0)
+        {
+            return Err("entry offsets not strictly ascending".into());
+        }
+        if self.slots.len() > 2 * self.live + HOLE_SLACK {
+            return Err(format!(
+                "{} slots for {} entries",
+                self.slots.len(),
+                self.live
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) type EntriesIter<'a> = std::iter::FilterMap<
+    std::collections::vec_deque::Iter<'a, (Offset, Option<Entry>)>,
+    fn(&'a (Offset, Option<Entry>)) -> Option<(&'a Offset, &'a Entry)>,
+>;
+
+impl<'a> IntoIterator for &'a Entries {
+    type Item = (&'a Offset, &'a Entry);
+    type IntoIter = EntriesIter<'a>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FetchState {
     Idle,
@@ -72,7 +247,7 @@ pub(crate) struct Lane {
     pub cursor: Offset,
     /// One past the highest offset handed out in this incarnation (a gauge).
     pub push_end: Offset,
-    pub entries: BTreeMap<Offset, Entry>,
+    pub entries: Entries,
     /// Entries that can be handed out now.
     pub ready: BTreeSet<Offset>,
     pub keys: BTreeMap<String, KeyQueue>,
@@ -111,7 +286,7 @@ impl Lane {
             cursor: watermark,
             push_end: watermark,
             progress: checkpoint.progress,
-            entries: BTreeMap::new(),
+            entries: Entries::default(),
             ready: BTreeSet::new(),
             keys: BTreeMap::new(),
             ledger: checkpoint.attempts.into_iter().collect(),
@@ -174,6 +349,74 @@ impl Lane {
             }
             None => {
                 self.keys.remove(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::EventMeta;
+    use proptest::prelude::*;
+
+    fn entry(attempts: u32) -> Entry {
+        Entry {
+            record: Record::event(0, EventMeta::default(), Bytes::new()),
+            origin: 0,
+            attempts,
+            first_here: 1,
+            state: EntryState::Queued,
+            ledger_needed: None,
+            key_blocked: false,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+        /// Against a `BTreeMap`: same answers to every query, holes bounded.
+        #[test]
+        fn entries_agree_with_a_map(ops in prop::collection::vec((0u8..8, 0u64..40, 1u64..4), 0..200)) {
+            let mut e = Entries::default();
+            let mut model: BTreeMap<Offset, u32> = BTreeMap::new();
+            let mut next: Offset = 0;
+            for (i, (kind, o, step)) in ops.into_iter().enumerate() {
+                let tag = i as u32;
+                match kind {
+                    // Appends dominate, as in a lane; gaps between offsets are common.
+                    0..=2 => {
+                        next += step;
+                        prop_assert!(e.insert(next, entry(tag)).is_none());
+                        model.insert(next, tag);
+                    }
+                    3 => {
+                        let old = e.insert(o, entry(tag)).map(|x| x.attempts);
+                        prop_assert_eq!(old, model.insert(o, tag));
+                        next = next.max(o);
+                    }
+                    _ => {
+                        let target = if kind == 4 || model.is_empty() {
+                            o
+                        } else {
+                            model.keys().nth(o as usize % model.len()).copied().unwrap_or(o)
+                        };
+                        prop_assert_eq!(e.remove(&target).map(|x| x.attempts), model.remove(&target));
+                    }
+                }
+                e.check().unwrap();
+                prop_assert_eq!(e.len(), model.len());
+                let got: Vec<(Offset, u32)> = e.iter().map(|(&o, x)| (o, x.attempts)).collect();
+                let want: Vec<(Offset, u32)> = model.iter().map(|(&o, &a)| (o, a)).collect();
+                prop_assert_eq!(got, want);
+                for q in 0..next + 3 {
+                    prop_assert_eq!(e.get(&q).map(|x| x.attempts), model.get(&q).copied());
+                    prop_assert_eq!(e.contains_key(&q), model.contains_key(&q));
+                }
+                for q in [0, o, next / 2, next] {
+                    let from: Vec<Offset> = e.offsets_from(q).collect();
+                    let want_from: Vec<Offset> = model.range(q..).map(|(&o, _)| o).collect();
+                    prop_assert_eq!(from, want_from);
+                }
             }
         }
     }

@@ -1160,6 +1160,7 @@ impl Mesh {
             for (&p, lane) in group.lanes.iter_mut() {
                 let at = format!("{name}/{p}");
                 lane.progress.check().map_err(|e| format!("{at}: {e:?}"))?;
+                lane.entries.check().map_err(|e| format!("{at}: {e}"))?;
                 let wm = lane.progress.watermark();
                 // C3: never passes an un-done offset...
                 if let Some((&first, _)) = lane.entries.first_key_value() {
@@ -1864,7 +1865,7 @@ fn out_of_range(
         // The broker lost its tail: offsets from `end` will name new records. Forget what
         // we knew above it and start again there, reporting it.
         let to = lane.cursor;
-        let above: Vec<Offset> = lane.entries.range(end..).map(|(&o, _)| o).collect();
+        let above: Vec<Offset> = lane.entries.offsets_from(end).collect();
         let not_done = lane.progress.not_done_between(end, to);
         for o in above {
             drop_entry(cx, g, group, p, o);
