@@ -1,7 +1,7 @@
 //! A subscription group: its definition, its lanes (one per assigned partition, plus the
 //! replay lane) and its live clients, which compete for its records.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::config::SubscriptionSpec;
 use crate::lane::Lane;
@@ -36,6 +36,50 @@ pub struct GroupStats {
     pub skipped_retention: u64,
 }
 
+/// One delivery's ACK deadline, queued in delivery order. It is live while the record is
+/// still in flight under this delivery (`seq`) and its deadline was not moved since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AckDue {
+    pub deadline: Millis,
+    pub partition: Partition,
+    pub offset: Offset,
+    pub seq: u64,
+}
+
+/// The ACK deadlines of a group's deliveries. Deliveries get `now + ack_timeout`, which
+/// only grows while the timeout stays the same, so the deadlines go into a FIFO in delivery
+/// order and an ACK just leaves its entry behind (dead, skipped when it reaches the front);
+/// the few deadlines out of that order (an extension, a lowered timeout) go into `moved`.
+/// The timer table holds one `Acks` timer per group at the earliest of both fronts, so
+/// delivering and ACKing touch no shared ordered structure. Dead FIFO entries are dropped
+/// when the timer fires and by compaction once they outnumber live ones + `ACK_SLACK`:
+/// the FIFO holds at most twice the deliveries in flight + `ACK_SLACK` + 1.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AckDeadlines {
+    pub fifo: VecDeque<AckDue>,
+    /// Deliveries whose deadline is not in FIFO order: (deadline, partition, offset).
+    pub moved: BTreeSet<(Millis, Partition, Offset)>,
+    /// How many FIFO entries are live.
+    pub live: usize,
+    /// When the timer table holds this group's `Acks` timer: always `next_due()`.
+    pub armed: Option<Millis>,
+}
+
+/// Dead FIFO entries tolerated beyond one per live one before compaction.
+pub(crate) const ACK_SLACK: usize = 64;
+
+impl AckDeadlines {
+    /// The earliest deadline held, live or not: when the group's timer is due.
+    pub fn next_due(&self) -> Option<Millis> {
+        let fifo = self.fifo.front().map(|d| d.deadline);
+        let moved = self.moved.first().map(|&(t, _, _)| t);
+        match (fifo, moved) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Group {
     /// Distinguishes this group from an earlier one in the same slot.
@@ -58,6 +102,7 @@ pub(crate) struct Group {
     /// Round-robin position over ready lanes, so no partition starves another.
     pub next_lane: Partition,
     pub touched: bool,
+    pub acks: AckDeadlines,
     pub stats: GroupStats,
     /// The group's definition is in a durable persist. Until it is, every persist that
     /// carries one of its checkpoints carries the definition too, so a store never holds
@@ -81,6 +126,7 @@ impl Group {
             ready_lanes: BTreeSet::new(),
             next_lane: 0,
             touched: false,
+            acks: AckDeadlines::default(),
             stats: GroupStats::default(),
             spec_durable: false,
         }

@@ -17,8 +17,15 @@ use crate::types::{Millis, Offset, Partition};
 pub(crate) enum EntryState {
     /// Waiting to be handed out (possibly also for its key or its attempt ledger).
     Queued,
-    /// Handed to a client; redelivered at `deadline` unless settled.
-    InFlight { client: u32, deadline: Millis },
+    /// Handed to a client; redelivered at `deadline` unless settled. `seq` names the
+    /// delivery in the group's ACK-deadline FIFO; `moved` says the deadline is kept in the
+    /// group's out-of-order set instead (see `AckDeadlines`).
+    InFlight {
+        client: u32,
+        deadline: Millis,
+        seq: u64,
+        moved: bool,
+    },
     /// Waiting out a redelivery backoff.
     Backoff { until: Millis },
 }

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use crate::checkpoint::Checkpoint;
 use crate::config::{MeshConfig, Ordering, SpecError, StartFrom, SubscriptionSpec};
 use crate::delivery_id::DeliveryId;
-use crate::group::{Client, Group, GroupStats};
+use crate::group::{AckDeadlines, AckDue, Client, Group, GroupStats, ACK_SLACK};
 use crate::io::{
     Assignment, DeadLetter, DeadLetterReason, Delivery, DlqKey, Effect, FetchId, FetchResult,
     Input, LaneCheckpoint, PersistBatch, Recovered, Refusal, RejectReason, Response, Settle,
@@ -31,14 +31,15 @@ use crate::lane::{Entry, EntryState, FetchState, KeyQueue, Lane};
 use crate::record::{Record, RecordMeta};
 use crate::types::{ClientId, Epoch, GroupName, Millis, Offset, Partition};
 
-/// Deadlines, ordered by time then by what they are for. Every timer in the table is live:
-/// timers are removed when what they guard ends, so the table is bounded by the state.
+/// Deadlines, ordered by time then by what they are for. The table is bounded by the state:
+/// timers are removed when what they guard ends, except that a group's `Acks` timer stands
+/// for its whole ACK-deadline FIFO and may be due for deliveries already settled (it then
+/// fires, finds nothing due, and moves to the next live deadline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    Ack {
+    /// The earliest ACK deadline of a group (see `AckDeadlines`).
+    Acks {
         group: u32,
-        partition: Partition,
-        offset: Offset,
     },
     Backoff {
         group: u32,
@@ -161,6 +162,8 @@ struct Ctx {
     now: Millis,
     next_ticket: Ticket,
     next_fetch_id: FetchId,
+    /// Names each delivery in its group's ACK-deadline FIFO.
+    next_seq: u64,
     timers: BTreeSet<(Millis, Timer)>,
     effects: VecDeque<Effect>,
     dirty_lanes: Vec<(u32, Partition)>,
@@ -237,6 +240,7 @@ impl Mesh {
                 now: now_ms,
                 next_ticket: 1,
                 next_fetch_id: 1,
+                next_seq: 1,
                 timers: BTreeSet::new(),
                 effects: VecDeque::new(),
                 dirty_lanes: Vec::new(),
@@ -441,6 +445,9 @@ impl Mesh {
         let partitions: Vec<Partition> = group.lanes.keys().copied().collect();
         for p in partitions {
             drop_lane(&mut self.cx, g, &mut group, p);
+        }
+        if let Some(t) = group.acks.armed.take() {
+            self.cx.timers.remove(&(t, Timer::Acks { group: g }));
         }
         for (slot, c) in group.clients.iter().enumerate() {
             if let Some(t) = c.as_ref().and_then(|c| c.idle_deadline) {
@@ -788,22 +795,23 @@ impl Mesh {
                     self.flush_deadline = None;
                     self.flush();
                 }
-                Timer::Ack {
-                    group,
-                    partition,
-                    offset,
-                } => {
+                Timer::Acks { group } => {
                     if let Some(gr) = self.groups.get_mut(group as usize).and_then(Option::as_mut) {
-                        gr.stats.expired += 1;
-                        end_delivery(
-                            &mut self.cx,
-                            group,
-                            gr,
-                            partition,
-                            offset,
-                            End::Timeout,
-                            None,
-                        );
+                        gr.acks.armed = None;
+                        // In the order of the per-delivery timers this replaces.
+                        for (partition, offset) in take_due_acks(gr, at) {
+                            gr.stats.expired += 1;
+                            end_delivery(
+                                &mut self.cx,
+                                group,
+                                gr,
+                                partition,
+                                offset,
+                                End::Timeout,
+                                None,
+                            );
+                        }
+                        rearm_acks(&mut self.cx, group, &mut gr.acks);
                     }
                 }
                 Timer::Backoff {
@@ -1157,6 +1165,10 @@ impl Mesh {
                 .ok_or_else(|| format!("group {name} has an empty slot"))?;
             let max_in_flight = group.spec.max_in_flight_per_client;
             let mut held: BTreeMap<u32, BTreeSet<(Partition, Offset)>> = BTreeMap::new();
+            // What the ACK-deadline structures must hold: seq -> (deadline, partition,
+            // offset) for the FIFO, (deadline, partition, offset) for the moved set.
+            let mut want_fifo: BTreeMap<u64, (Millis, Partition, Offset)> = BTreeMap::new();
+            let mut want_moved: BTreeSet<(Millis, Partition, Offset)> = BTreeSet::new();
             for (&p, lane) in group.lanes.iter_mut() {
                 let at = format!("{name}/{p}");
                 lane.progress.check().map_err(|e| format!("{at}: {e:?}"))?;
@@ -1212,16 +1224,18 @@ impl Mesh {
                         return Err(format!("{at}/{o}: ready set disagrees with state"));
                     }
                     match e.state {
-                        EntryState::InFlight { client, deadline } => {
+                        EntryState::InFlight {
+                            client,
+                            deadline,
+                            seq,
+                            moved,
+                        } => {
                             held.entry(client).or_default().insert((p, o));
-                            live_timers.insert((
-                                deadline,
-                                Timer::Ack {
-                                    group: g,
-                                    partition: p,
-                                    offset: o,
-                                },
-                            ));
+                            if moved {
+                                want_moved.insert((deadline, p, o));
+                            } else if want_fifo.insert(seq, (deadline, p, o)).is_some() {
+                                return Err(format!("{at}/{o}: delivery seq {seq} reused"));
+                            }
                         }
                         EntryState::Backoff { until } => {
                             live_timers.insert((
@@ -1267,6 +1281,49 @@ impl Mesh {
                         }
                     }
                 }
+            }
+            // ACK deadlines: the FIFO's live entries are exactly the in-flight deliveries not
+            // moved, in deadline order; the moved set is exact; one timer at the earliest.
+            let acks = &group.acks;
+            let mut live = 0;
+            let mut prev = 0;
+            for d in &acks.fifo {
+                if d.deadline < prev {
+                    return Err(format!("{name}: ACK FIFO out of deadline order"));
+                }
+                prev = d.deadline;
+                if want_fifo.get(&d.seq) == Some(&(d.deadline, d.partition, d.offset)) {
+                    want_fifo.remove(&d.seq);
+                    live += 1;
+                }
+            }
+            if !want_fifo.is_empty() {
+                return Err(format!(
+                    "{name}: {} deliveries have no ACK deadline",
+                    want_fifo.len()
+                ));
+            }
+            if live != acks.live {
+                return Err(format!(
+                    "{name}: ACK FIFO counts {} live, {live} are",
+                    acks.live
+                ));
+            }
+            if acks.moved != want_moved {
+                return Err(format!("{name}: moved ACK deadlines disagree with state"));
+            }
+            // C8: a group holds at most max_partitions lanes of max_window records and the
+            // replay lane; the FIFO at most twice that + the slack + the push before it.
+            let cap =
+                cfg.max_window_per_lane * cfg.max_partitions_per_group + cfg.max_replay_per_group;
+            if acks.fifo.len() > 2 * cap + ACK_SLACK + 1 {
+                return Err(format!("{name}: C8 ACK FIFO holds {}", acks.fifo.len()));
+            }
+            if acks.armed != acks.next_due() {
+                return Err(format!("{name}: ACK timer not at the earliest deadline"));
+            }
+            if let Some(t) = acks.armed {
+                live_timers.insert((t, Timer::Acks { group: g }));
             }
             for (slot, c) in group.clients.iter().enumerate() {
                 let Some(c) = c else { continue };
@@ -1415,15 +1472,10 @@ fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset)
         EntryState::InFlight {
             client: c,
             deadline,
+            moved,
+            ..
         } => {
-            cx.timers.remove(&(
-                deadline,
-                Timer::Ack {
-                    group: g,
-                    partition: p,
-                    offset,
-                },
-            ));
+            forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
             client = Some(c);
         }
         EntryState::Backoff { until } => {
@@ -1480,7 +1532,13 @@ fn end_delivery(
     let Some(entry) = lane.entries.get_mut(&offset) else {
         return;
     };
-    let EntryState::InFlight { client, deadline } = entry.state else {
+    let EntryState::InFlight {
+        client,
+        deadline,
+        moved,
+        ..
+    } = entry.state
+    else {
         return;
     };
     if entry.attempts >= max_attempts {
@@ -1492,14 +1550,7 @@ fn end_delivery(
         dead_letter(cx, g, group, p, offset, reason);
         return;
     }
-    cx.timers.remove(&(
-        deadline,
-        Timer::Ack {
-            group: g,
-            partition: p,
-            offset,
-        },
-    ));
+    forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
     let next = entry.attempts + 1;
     let delay = delay.unwrap_or_else(|| group.spec.backoff.delay_ms(next));
     if lane.persistent {
@@ -1570,19 +1621,104 @@ fn extend(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset,
     else {
         return;
     };
-    if let EntryState::InFlight { client, deadline } = e.state {
-        let key = Timer::Ack {
-            group: g,
-            partition: p,
-            offset,
-        };
-        cx.timers.remove(&(deadline, key));
-        cx.timers.insert((to, key));
+    if let EntryState::InFlight {
+        client,
+        deadline,
+        seq,
+        moved,
+    } = e.state
+    {
+        // Out of delivery order from now on: the FIFO entry dies, the moved set holds it.
         e.state = EntryState::InFlight {
             client,
             deadline: to,
+            seq,
+            moved: true,
         };
+        forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
+        group.acks.moved.insert((to, p, offset));
+        rearm_acks(cx, g, &mut group.acks);
     }
+}
+
+/// A delivery stops being in flight under its deadline: its FIFO entry (found dead later)
+/// stops counting as live, or its moved deadline goes.
+fn forget_deadline(
+    cx: &mut Ctx,
+    g: u32,
+    acks: &mut AckDeadlines,
+    p: Partition,
+    offset: Offset,
+    deadline: Millis,
+    moved: bool,
+) {
+    if moved {
+        acks.moved.remove(&(deadline, p, offset));
+        rearm_acks(cx, g, acks);
+    } else {
+        acks.live -= 1;
+    }
+}
+
+/// Keeps the group's one `Acks` timer at its earliest deadline.
+fn rearm_acks(cx: &mut Ctx, g: u32, acks: &mut AckDeadlines) {
+    let want = acks.next_due();
+    if want != acks.armed {
+        if let Some(t) = acks.armed {
+            cx.timers.remove(&(t, Timer::Acks { group: g }));
+        }
+        if let Some(t) = want {
+            cx.timers.insert((t, Timer::Acks { group: g }));
+        }
+        acks.armed = want;
+    }
+}
+
+/// A FIFO entry is live while its delivery is still in flight with that deadline.
+fn ack_due_live(lanes: &BTreeMap<Partition, Lane>, d: &AckDue) -> bool {
+    lanes
+        .get(&d.partition)
+        .and_then(|l| l.entries.get(&d.offset))
+        .is_some_and(
+            |e| matches!(e.state, EntryState::InFlight { seq, moved: false, .. } if seq == d.seq),
+        )
+}
+
+/// Drops dead FIFO entries once they outnumber the live ones + `ACK_SLACK` (amortised O(1)
+/// per delivery), so the FIFO stays within twice the deliveries in flight.
+fn compact_acks(group: &mut Group) {
+    let acks = &mut group.acks;
+    if acks.fifo.len() > 2 * acks.live + ACK_SLACK {
+        let lanes = &group.lanes;
+        acks.fifo.retain(|d| ack_due_live(lanes, d));
+        debug_assert_eq!(acks.fifo.len(), acks.live);
+    }
+}
+
+/// Takes the deliveries due at `at` (the group's timer, its earliest deadline) off the
+/// FIFO and the moved set, dropping dead FIFO entries met on the way, in (partition,
+/// offset) order. The FIFO is left with a live front, so the next timer is a real deadline.
+fn take_due_acks(group: &mut Group, at: Millis) -> Vec<(Partition, Offset)> {
+    let mut due = Vec::new();
+    let acks = &mut group.acks;
+    while let Some(d) = acks.fifo.front() {
+        if ack_due_live(&group.lanes, d) {
+            if d.deadline > at {
+                break;
+            }
+            due.push((d.partition, d.offset));
+        }
+        acks.fifo.pop_front();
+    }
+    while let Some(&(t, p, o)) = acks.moved.first() {
+        if t > at {
+            break;
+        }
+        acks.moved.pop_first();
+        due.push((p, o));
+    }
+    due.sort_unstable();
+    due
 }
 
 /// A client gives up a delivery it held.
@@ -1650,15 +1786,13 @@ fn drop_lane(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition) -> Option<La
     let lane = group.lanes.remove(&p)?;
     for (&offset, e) in &lane.entries {
         match e.state {
-            EntryState::InFlight { client, deadline } => {
-                cx.timers.remove(&(
-                    deadline,
-                    Timer::Ack {
-                        group: g,
-                        partition: p,
-                        offset,
-                    },
-                ));
+            EntryState::InFlight {
+                client,
+                deadline,
+                moved,
+                ..
+            } => {
+                forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
                 unhold(cx, g, group, client, p, offset);
             }
             EntryState::Backoff { until } => {
@@ -1683,6 +1817,9 @@ fn drop_lane(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition) -> Option<La
             },
         ));
     }
+    // The lane's FIFO entries are all dead now.
+    compact_acks(group);
+    rearm_acks(cx, g, &mut group.acks);
     group.ready_lanes.remove(&p);
     cx.dirty_lanes.retain(|&(dg, dp)| !(dg == g && dp == p));
     cx.touched_lanes.retain(|&(dg, dp)| !(dg == g && dp == p));
@@ -1934,15 +2071,10 @@ fn drop_entry(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Off
         EntryState::InFlight {
             client: c,
             deadline,
+            moved,
+            ..
         } => {
-            cx.timers.remove(&(
-                deadline,
-                Timer::Ack {
-                    group: g,
-                    partition: p,
-                    offset,
-                },
-            ));
+            forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
             client = Some(c);
         }
         EntryState::Backoff { until } => {
@@ -2033,18 +2165,31 @@ fn dispatch(cx: &mut Ctx, g: u32, group: &mut Group) {
         debug_assert!(entry.eligible());
         entry.attempts += 1;
         let deadline = cx.now + ack_timeout_ms;
+        let seq = cx.next_seq;
+        cx.next_seq += 1;
+        // Deadlines only go into the FIFO in order (the ACK timeout may have been lowered).
+        let moved = group
+            .acks
+            .fifo
+            .back()
+            .is_some_and(|d| d.deadline > deadline);
         entry.state = EntryState::InFlight {
             client: slot,
             deadline,
+            seq,
+            moved,
         };
-        cx.timers.insert((
-            deadline,
-            Timer::Ack {
-                group: g,
+        if moved {
+            group.acks.moved.insert((deadline, p, offset));
+        } else {
+            group.acks.fifo.push_back(AckDue {
+                deadline,
                 partition: p,
                 offset,
-            },
-        ));
+                seq,
+            });
+            group.acks.live += 1;
+        }
         lane.push_end = lane.push_end.max(offset + 1);
         let delivery = Delivery {
             id: DeliveryId {
@@ -2059,6 +2204,8 @@ fn dispatch(cx: &mut Ctx, g: u32, group: &mut Group) {
             partition: entry.origin,
             record: entry.record.clone(),
         };
+        compact_acks(group);
+        rearm_acks(cx, g, &mut group.acks);
         if delivery.attempt == 1 {
             group.stats.delivered += 1;
         }

@@ -1063,3 +1063,34 @@ fn watermark_may_pass_the_cursor_over_persisted_ranges_after_restart() {
     );
     assert_eq!(w.watermark("g", 0), 2);
 }
+
+#[test]
+fn a_lowered_ack_timeout_expires_later_deliveries_first() {
+    let mut w = world_with(1);
+    let mut spec = w.spec("g", "t");
+    spec.ack_timeout_ms = 1_000;
+    w.subscribe(spec.clone());
+    w.publish("t", 0, "a", None);
+    w.publish("t", 0, "a", None);
+    let first = w.poll("g", "a", 1);
+    spec.ack_timeout_ms = 100;
+    assert_eq!(w.handle(Input::Subscribe(spec)), Response::Ok);
+    let second = w.poll("g", "b", 1);
+    assert_eq!((first[0].id.offset, second[0].id.offset), (0, 1));
+    w.advance(99);
+    assert_eq!(w.view("g").stats.expired, 0);
+    w.advance(1);
+    // The later delivery has the earlier deadline: it expires, the first stays out.
+    let v = w.view("g");
+    assert_eq!(v.stats.expired, 1);
+    let in_flight: Vec<(&str, u32)> = v
+        .clients
+        .iter()
+        .map(|c| (c.id.as_str(), c.in_flight))
+        .collect();
+    assert_eq!(in_flight, vec![("a", 1), ("b", 0)]);
+    w.advance(899);
+    assert_eq!(w.view("g").stats.expired, 1);
+    w.advance(1);
+    assert_eq!(w.view("g").stats.expired, 2);
+}
