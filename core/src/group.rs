@@ -12,10 +12,10 @@ pub(crate) struct Client {
     pub id: ClientId,
     /// How many more deliveries the client asked for.
     pub credit: u32,
+    /// Deliveries it holds. Which ones is found from the group's ACK deadlines when it
+    /// leaves (rare), so a departure hands them back at once instead of waiting for their
+    /// ACK timeouts (upstream #5282) without an index updated on every delivery.
     pub in_flight: u32,
-    /// (lane partition, lane offset) of every delivery it holds, so a departure can hand
-    /// them back at once instead of waiting for their ACK timeouts (upstream #5282).
-    pub holding: BTreeSet<(Partition, Offset)>,
     pub last_active_ms: Millis,
     /// When the client will be forgotten if it stays without credit and deliveries.
     pub idle_deadline: Option<Millis>,

@@ -491,7 +491,6 @@ impl Mesh {
                     id: client.clone(),
                     credit: 0,
                     in_flight: 0,
-                    holding: BTreeSet::new(),
                     last_active_ms: self.cx.now,
                     idle_deadline: None,
                 };
@@ -1333,7 +1332,7 @@ impl Mesh {
                     return Err(format!("{name}/{}: C8 {} in flight", c.id, c.in_flight));
                 }
                 let holds = held.remove(&slot).unwrap_or_default();
-                if holds != c.holding || c.in_flight as usize != holds.len() {
+                if c.in_flight as usize != holds.len() {
                     return Err(format!("{name}/{}: holdings disagree", c.id));
                 }
                 let ready = c.credit > 0 && c.in_flight < max_in_flight;
@@ -1508,7 +1507,7 @@ fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset)
     cx.touch_lane(g, lane);
     group.sync_lane(p);
     if let Some(c) = client {
-        unhold(cx, g, group, c, p, offset);
+        unhold(cx, g, group, c);
     }
     cx.touch_group(g, group);
     Some(entry)
@@ -1577,7 +1576,7 @@ fn end_delivery(
     cx.dirty(g, lane);
     group.sync_lane(p);
     group.stats.redelivered += 1;
-    unhold(cx, g, group, client, p, offset);
+    unhold(cx, g, group, client);
     cx.touch_group(g, group);
 }
 
@@ -1722,10 +1721,9 @@ fn take_due_acks(group: &mut Group, at: Millis) -> Vec<(Partition, Offset)> {
 }
 
 /// A client gives up a delivery it held.
-fn unhold(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32, p: Partition, offset: Offset) {
+fn unhold(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     group.update_client(slot, |c| {
         c.in_flight = c.in_flight.saturating_sub(1);
-        c.holding.remove(&(p, offset));
     });
     refresh_idle(cx, g, group, slot);
 }
@@ -1756,7 +1754,11 @@ fn remove_client(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     let Some(Some(c)) = group.clients.get(slot as usize) else {
         return;
     };
-    let holding: Vec<(Partition, Offset)> = c.holding.iter().copied().collect();
+    let holding = if c.in_flight > 0 {
+        held_by(group, slot)
+    } else {
+        Vec::new()
+    };
     for (p, offset) in holding {
         end_delivery(cx, g, group, p, offset, End::ClientGone, Some(0));
     }
@@ -1780,6 +1782,38 @@ fn remove_client(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     cx.touch_group(g, group);
 }
 
+/// The deliveries a client holds, in (partition, offset) order: every in-flight delivery
+/// has a live entry in its group's ACK FIFO or is in the moved set. O(deadlines held).
+fn held_by(group: &Group, slot: u32) -> Vec<(Partition, Offset)> {
+    let holder = |p: Partition, o: Offset| {
+        group
+            .lanes
+            .get(&p)
+            .and_then(|l| l.entries.get(&o))
+            .and_then(|e| match e.state {
+                EntryState::InFlight { client, .. } => Some(client),
+                _ => None,
+            })
+    };
+    let mut held: Vec<(Partition, Offset)> = group
+        .acks
+        .fifo
+        .iter()
+        .filter(|d| ack_due_live(&group.lanes, d) && holder(d.partition, d.offset) == Some(slot))
+        .map(|d| (d.partition, d.offset))
+        .collect();
+    held.extend(
+        group
+            .acks
+            .moved
+            .iter()
+            .filter(|&&(_, p, o)| holder(p, o) == Some(slot))
+            .map(|&(_, p, o)| (p, o)),
+    );
+    held.sort_unstable();
+    held
+}
+
 /// Removes a lane and everything it holds without marking anything done (revocation, seek,
 /// unsubscribe). Returns the lane for what must outlive it.
 fn drop_lane(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition) -> Option<Lane> {
@@ -1793,7 +1827,7 @@ fn drop_lane(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition) -> Option<La
                 ..
             } => {
                 forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
-                unhold(cx, g, group, client, p, offset);
+                unhold(cx, g, group, client);
             }
             EntryState::Backoff { until } => {
                 cx.timers.remove(&(
@@ -2091,7 +2125,7 @@ fn drop_entry(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Off
     }
     group.sync_lane(p);
     if let Some(c) = client {
-        unhold(cx, g, group, c, p, offset);
+        unhold(cx, g, group, c);
     }
 }
 
@@ -2212,7 +2246,6 @@ fn dispatch(cx: &mut Ctx, g: u32, group: &mut Group) {
         let Some(client) = group.update_client(slot, |c| {
             c.in_flight += 1;
             c.credit -= 1;
-            c.holding.insert((p, offset));
             c.id.clone()
         }) else {
             continue;

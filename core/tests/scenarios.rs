@@ -1094,3 +1094,35 @@ fn a_lowered_ack_timeout_expires_later_deliveries_first() {
     w.advance(1);
     assert_eq!(w.view("g").stats.expired, 2);
 }
+
+#[test]
+fn a_departing_client_hands_back_extended_deliveries_too() {
+    let mut w = world_with(2);
+    w.subscribe(w.spec("g", "t"));
+    for p in [1, 0, 1, 0] {
+        w.publish("t", p, "a", None);
+    }
+    let held = w.poll("g", "a", 10);
+    assert_eq!(held.len(), 4);
+    let r = w.handle(Input::Extend {
+        group: group("g"),
+        ids: vec![held[1].id],
+        extend_ms: Some(10_000),
+    });
+    assert_eq!(r, Response::Settled(vec![Settle::Accepted]));
+    w.poll("g", "b", 10);
+    let before = w.deliveries.len();
+    let _ = w.handle(Input::ClientGone {
+        group: group("g"),
+        client: client("a"),
+    });
+    w.advance(10);
+    // All four come back at once, the extended one included.
+    let mut again: Vec<(Partition, Offset, u32)> = w
+        .delivered_since(before)
+        .iter()
+        .map(|d| (d.id.partition, d.id.offset, d.attempt))
+        .collect();
+    again.sort_unstable();
+    assert_eq!(again, vec![(0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2)]);
+}
