@@ -1,0 +1,1000 @@
+//! The embedded event log: unimesh's default storage backend.
+//!
+//! A durable, partitioned, append-only log on RocksDB. A topic has a fixed number of
+//! partitions, chosen when it is created (on its first publish, `default_partitions` unless
+//! told otherwise); a record is addressed by (topic, partition, offset), offsets dense from 0
+//! per partition. Publishes append here; the core's `Effect::Fetch` reads here.
+//!
+//! Method categories:
+//! - Writes: [`EmbeddedLog::append`] (async; returns once the WAL is fsynced, group-committed
+//!   with every other append waiting at that moment), [`EmbeddedLog::ensure_topic`] /
+//!   [`EmbeddedLog::create_topic`] (synchronous, one fsync, only for a new topic).
+//! - Reads: [`EmbeddedLog::read`], [`EmbeddedLog::offsets`], [`EmbeddedLog::topic`],
+//!   [`EmbeddedLog::topics`]. `read` is a blocking RocksDB read (usually served from the
+//!   memtable or block cache); call it from `spawn_blocking` when latency matters.
+//! - Waiting: [`EmbeddedLog::watch_end`] yields the end offset of a partition each time it
+//!   moves, so a fetch parked at the end of a partition wakes on the next append.
+//! - Housekeeping: [`EmbeddedLog::enforce_retention`], called periodically with the wall time.
+//!
+//! Time: append times come from [`LogConfig::clock`] (the wall clock, injectable for tests);
+//! retention compares them with the `now_wall_ms` it is given.
+//!
+//! Failure: a storage error is a [`LogError`] (the HTTP layer answers 503), never a panic.
+//! After a failed append write the writer refuses further appends until the log is reopened
+//! (see `writer.rs` for why); reads keep being served.
+//!
+//! Disk space: retention deletes whole prefixes with RocksDB range deletions; the space is
+//! reclaimed when background compaction rewrites the files concerned.
+
+mod codec;
+#[cfg(test)]
+mod tests;
+mod writer;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use rocksdb::{
+    ColumnFamilyDescriptor, DBCompressionType, DBRecoveryMode, Options, ReadOptions, WriteBatch,
+    WriteOptions, DB,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use unimesh_core::{Offset, Partition, TopicName};
+
+pub use codec::{murmur2, partition_for_key};
+
+use codec::RecordHeader;
+use writer::{AppendRequest, Tail};
+
+const RECORDS_CF: &str = "records";
+const META_CF: &str = "meta";
+
+/// Above this a stored partition count is taken for corruption rather than a configuration.
+const PARTITIONS_HARD_MAX: u32 = 1 << 16;
+
+/// Milliseconds since the Unix epoch. Injected so tests can age records without sleeping.
+pub trait WallClock: Send + Sync + fmt::Debug {
+    fn now_ms(&self) -> u64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        // A clock before 1970 is a misconfigured host; 0 keeps records (age retention only
+        // deletes what is older than `now - retention_ms`).
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+}
+
+/// Configuration of the embedded log. Every queue and map it holds is bounded by these.
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    /// The RocksDB directory (created if missing).
+    pub dir: PathBuf,
+    /// Partitions of a topic created by its first publish.
+    pub default_partitions: u32,
+    /// Largest partition count a topic may be created with.
+    pub max_partitions: u32,
+    /// Topics the log accepts; creating one more is refused (topics found at open are kept).
+    pub max_topics: usize,
+    /// Largest payload of one record, in bytes.
+    pub max_record_bytes: usize,
+    /// Most records in one `append` call.
+    pub max_records_per_append: usize,
+    /// Payload bytes the writer gathers into one synced write (one `append` may not exceed it).
+    pub max_batch_bytes: usize,
+    /// Appends waiting for the writer; beyond it `append` waits (back-pressure).
+    pub queue_capacity: usize,
+    /// Records older than this are deleted by `enforce_retention`.
+    pub retention_ms: Option<u64>,
+    /// Oldest records of a partition are deleted while its payload bytes exceed this.
+    pub retention_bytes_per_partition: Option<u64>,
+    /// Source of the append time stored with each record.
+    pub clock: Arc<dyn WallClock>,
+}
+
+impl LogConfig {
+    /// The defaults: 4 partitions per new topic, 1 MiB records, no retention.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            default_partitions: 4,
+            max_partitions: 1024,
+            max_topics: 10_000,
+            max_record_bytes: 1 << 20,
+            max_records_per_append: 10_000,
+            max_batch_bytes: 8 << 20,
+            queue_capacity: 1024,
+            retention_ms: None,
+            retention_bytes_per_partition: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    fn validate(&self) -> Result<(), LogError> {
+        let bad = |what: &str| Err(LogError::InvalidConfig(what.to_owned()));
+        if self.max_partitions == 0 || self.max_partitions > PARTITIONS_HARD_MAX {
+            return bad("max_partitions must be between 1 and 65536");
+        }
+        if self.default_partitions == 0 || self.default_partitions > self.max_partitions {
+            return bad("default_partitions must be between 1 and max_partitions");
+        }
+        if self.max_topics == 0 {
+            return bad("max_topics must be at least 1");
+        }
+        if self.max_record_bytes == 0 || self.max_record_bytes > self.max_batch_bytes {
+            return bad("max_record_bytes must be between 1 and max_batch_bytes");
+        }
+        // RocksDB values are capped at 4 GiB; stay well clear with the header added.
+        if self.max_batch_bytes > (1 << 30) {
+            return bad("max_batch_bytes must be at most 1 GiB");
+        }
+        if self.max_records_per_append == 0 {
+            return bad("max_records_per_append must be at least 1");
+        }
+        if self.queue_capacity == 0 {
+            return bad("queue_capacity must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Why the log refused or failed. Variants in alphabetical order.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    #[error("append of {bytes} payload bytes exceeds the limit of {max}")]
+    AppendTooLarge { bytes: usize, max: usize },
+    /// Data read back from disk failed its checks (length, version, checksum, density).
+    #[error("corrupt log data: {what}")]
+    Corrupt { what: String },
+    #[error("invalid log configuration: {0}")]
+    InvalidConfig(String),
+    #[error("invalid partition count {partitions}: must be between 1 and {max}")]
+    InvalidPartitionCount { partitions: u32, max: u32 },
+    #[error("record of {bytes} bytes exceeds the limit of {max}")]
+    RecordTooLarge { bytes: usize, max: usize },
+    /// RocksDB reported an error (I/O, disk full, ...).
+    #[error("log storage error: {0}")]
+    Storage(String),
+    #[error("append of {count} records exceeds the limit of {max}")]
+    TooManyRecords { count: usize, max: usize },
+    #[error("topic limit of {max} reached")]
+    TooManyTopics { max: usize },
+    /// The writer is stopped (the log is closing, or a write failed earlier).
+    #[error("log unavailable: {0}")]
+    Unavailable(String),
+    #[error("topic {topic} has {partitions} partitions, there is no partition {partition}")]
+    UnknownPartition {
+        topic: TopicName,
+        partition: Partition,
+        partitions: u32,
+    },
+    #[error("unknown topic {0}")]
+    UnknownTopic(TopicName),
+}
+
+impl LogError {
+    /// True when the caller asked for something refused (a 4xx); false for a fault of the log
+    /// or its disk (a 5xx/503: the caller may retry later).
+    pub fn is_caller_error(&self) -> bool {
+        matches!(
+            self,
+            LogError::AppendTooLarge { .. }
+                | LogError::InvalidPartitionCount { .. }
+                | LogError::RecordTooLarge { .. }
+                | LogError::TooManyRecords { .. }
+                | LogError::TooManyTopics { .. }
+                | LogError::UnknownPartition { .. }
+                | LogError::UnknownTopic(_)
+        )
+    }
+
+    fn storage(err: rocksdb::Error) -> Self {
+        LogError::Storage(err.into_string())
+    }
+
+    /// Names where corrupt data was found.
+    fn at(self, topic: &TopicName, partition: Partition, offset: Offset) -> Self {
+        match self {
+            LogError::Corrupt { what } => LogError::Corrupt {
+                what: format!("{topic}/{partition}@{offset}: {what}"),
+            },
+            other => other,
+        }
+    }
+}
+
+/// A topic as the log knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: TopicName,
+    pub partitions: u32,
+}
+
+/// One record to append. With a `key`, the partition is `partition_for_key(key)`; without,
+/// records are spread round-robin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendItem {
+    pub key: Option<String>,
+    pub value: Bytes,
+}
+
+/// The answer to a read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadResult {
+    /// `from` is not in `earliest..=end` (deleted by retention, or beyond the end).
+    OutOfRange { earliest: Offset, end: Offset },
+    /// Records from `from` on, ascending and dense; empty when `from` is the end.
+    Records {
+        records: Vec<(Offset, Bytes)>,
+        earliest: Offset,
+        end: Offset,
+    },
+}
+
+/// What one `enforce_retention` pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    pub truncated: Vec<Truncation>,
+    /// Partitions that could not be examined or truncated; the others were still processed.
+    pub failed: Vec<(TopicName, Partition, LogError)>,
+}
+
+/// One partition whose earliest offset moved up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncation {
+    pub topic: TopicName,
+    pub partition: Partition,
+    pub earliest_before: Offset,
+    pub earliest_after: Offset,
+}
+
+/// Counters since open, for metrics and for judging group commit (records per synced write).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Records durably appended.
+    pub records_appended: u64,
+    /// Synced writes that carried them.
+    pub synced_writes: u64,
+    /// Appends refused because a write failed.
+    pub write_failures: u64,
+}
+
+/// State shared by the handles and the writer thread.
+pub(crate) struct Shared {
+    db: DB,
+    cfg: LogConfig,
+    records_appended: AtomicU64,
+    synced_writes: AtomicU64,
+    write_failures: AtomicU64,
+}
+
+pub(crate) struct TopicState {
+    name: TopicName,
+    partitions: Vec<PartitionState>,
+    round_robin: AtomicU32,
+}
+
+struct PartitionState {
+    earliest: AtomicU64,
+    /// The end offset, published by the writer after each synced write.
+    end: watch::Sender<Offset>,
+    /// The tail found at open (or zero for a new topic); the writer continues from it.
+    initial: Tail,
+}
+
+impl TopicState {
+    fn new(name: TopicName, tails: Vec<(Offset, Tail)>) -> Self {
+        let partitions = tails
+            .into_iter()
+            .map(|(earliest, tail)| PartitionState {
+                earliest: AtomicU64::new(earliest),
+                end: watch::channel(tail.next).0,
+                initial: tail,
+            })
+            .collect();
+        Self {
+            name,
+            partitions,
+            round_robin: AtomicU32::new(0),
+        }
+    }
+
+    fn info(&self) -> TopicInfo {
+        TopicInfo {
+            name: self.name.clone(),
+            partitions: self.partition_count(),
+        }
+    }
+
+    fn partition_count(&self) -> u32 {
+        // Bounded by PARTITIONS_HARD_MAX at creation and at open.
+        u32::try_from(self.partitions.len()).unwrap_or(u32::MAX)
+    }
+
+    fn partition(&self, partition: Partition) -> Result<&PartitionState, LogError> {
+        self.partitions
+            .get(partition as usize)
+            .ok_or_else(|| LogError::UnknownPartition {
+                topic: self.name.clone(),
+                partition,
+                partitions: self.partition_count(),
+            })
+    }
+
+    /// Called by the writer only with partitions it was given by `append`, which are valid.
+    fn initial_tail(&self, partition: Partition) -> Tail {
+        self.partitions
+            .get(partition as usize)
+            .map(|p| p.initial)
+            .unwrap_or_default()
+    }
+
+    fn publish_end(&self, partition: Partition, end: Offset) {
+        if let Some(p) = self.partitions.get(partition as usize) {
+            p.end.send_replace(end);
+        }
+    }
+}
+
+impl PartitionState {
+    fn earliest(&self) -> Offset {
+        self.earliest.load(Ordering::Acquire)
+    }
+
+    fn end(&self) -> Offset {
+        *self.end.borrow()
+    }
+}
+
+/// The embedded log. Cheap to clone; every clone is the same log. The database closes when
+/// the last clone is dropped (or at [`EmbeddedLog::close`]), after the writer has written
+/// what was already queued.
+#[derive(Clone)]
+pub struct EmbeddedLog {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for EmbeddedLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmbeddedLog")
+            .field("dir", &self.inner.shared.cfg.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    topics: RwLock<HashMap<TopicName, Arc<TopicState>>>,
+    /// Serialises topic creation, so two first publishes agree on one partition count.
+    create_lock: Mutex<()>,
+    /// Serialises retention passes (each moves `earliest` and may roll it back).
+    retention_lock: Mutex<()>,
+    tx: Option<mpsc::Sender<AppendRequest>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue lets the writer finish what is queued and exit; joining it
+        // releases its handle on the database before ours goes.
+        self.tx.take();
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                tracing::error!("embedded log writer thread panicked");
+            }
+        }
+    }
+}
+
+/// Locks ignoring poison: the guarded data is either `()` or a map that a panicking holder
+/// cannot leave half-updated (inserts are single calls).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl EmbeddedLog {
+    /// Opens (or creates) the log in `cfg.dir`, recovering every partition's earliest and end
+    /// offsets, and starts the writer thread.
+    pub fn open(cfg: LogConfig) -> Result<Self, LogError> {
+        cfg.validate()?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_max_background_jobs(2);
+        opts.set_keep_log_file_num(4);
+        // A torn tail of the WAL (a crash mid-write) is dropped; that write was never
+        // acknowledged, since acknowledgement waits for the sync.
+        opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
+        let mut record_opts = Options::default();
+        record_opts.set_compression_type(DBCompressionType::Lz4);
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(RECORDS_CF, record_opts),
+            ColumnFamilyDescriptor::new(META_CF, Options::default()),
+        ];
+        let db = DB::open_cf_descriptors(&opts, &cfg.dir, cfs).map_err(LogError::storage)?;
+        let topics = recover_topics(&db)?;
+        let shared = Arc::new(Shared {
+            db,
+            cfg,
+            records_appended: AtomicU64::new(0),
+            synced_writes: AtomicU64::new(0),
+            write_failures: AtomicU64::new(0),
+        });
+
+        let (tx, rx) = mpsc::channel(shared.cfg.queue_capacity);
+        let writer_shared = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("unimesh-log-writer".to_owned())
+            .spawn(move || writer::run(writer_shared, rx))
+            .map_err(|e| LogError::Unavailable(format!("cannot start the log writer: {e}")))?;
+
+        Ok(Self {
+            inner: Arc::new(Inner {
+                shared,
+                topics: RwLock::new(topics),
+                create_lock: Mutex::new(()),
+                retention_lock: Mutex::new(()),
+                tx: Some(tx),
+                writer: Some(writer),
+            }),
+        })
+    }
+
+    /// Drops this handle; when it is the last one, waits for queued appends, stops the
+    /// writer and flushes the memtables, so the next open has no WAL to replay. Dropping
+    /// without `close` loses nothing that was acknowledged (the WAL is synced), it only
+    /// makes the next open replay the WAL.
+    pub fn close(self) -> Result<(), LogError> {
+        let Ok(mut inner) = Arc::try_unwrap(self.inner) else {
+            return Ok(());
+        };
+        inner.tx.take();
+        if let Some(writer) = inner.writer.take() {
+            if writer.join().is_err() {
+                return Err(LogError::Unavailable(
+                    "the log writer thread panicked".to_owned(),
+                ));
+            }
+        }
+        let db = &inner.shared.db;
+        for name in [RECORDS_CF, META_CF] {
+            if let Some(cf) = db.cf_handle(name) {
+                db.flush_cf(&cf).map_err(LogError::storage)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration the log was opened with.
+    pub fn config(&self) -> &LogConfig {
+        &self.inner.shared.cfg
+    }
+
+    pub fn stats(&self) -> LogStats {
+        let shared = &self.inner.shared;
+        LogStats {
+            records_appended: shared.records_appended.load(Ordering::Relaxed),
+            synced_writes: shared.synced_writes.load(Ordering::Relaxed),
+            write_failures: shared.write_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The topic, created with `default_partitions` if it does not exist.
+    pub fn ensure_topic(&self, topic: &TopicName) -> Result<TopicInfo, LogError> {
+        self.create_topic(topic, self.inner.shared.cfg.default_partitions)
+    }
+
+    /// The topic, created with `partitions` if it does not exist. An existing topic keeps its
+    /// partition count (partitions are never added: that would move keys).
+    pub fn create_topic(&self, topic: &TopicName, partitions: u32) -> Result<TopicInfo, LogError> {
+        self.ensure_topic_state(topic, partitions)
+            .map(|state| state.info())
+    }
+
+    pub fn topic(&self, topic: &TopicName) -> Option<TopicInfo> {
+        self.topic_state(topic).map(|state| state.info())
+    }
+
+    /// Every topic, sorted by name.
+    pub fn topics(&self) -> Vec<TopicInfo> {
+        let mut all: Vec<TopicInfo> = self
+            .inner
+            .topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|state| state.info())
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Appends `items` to `topic` (created on first use), durably: the answer comes only
+    /// after the WAL holding them is fsynced. All the items are written or none. Concurrent
+    /// callers share one synced write (group commit).
+    ///
+    /// Returns the (partition, offset) of each item, in order. If this future is dropped
+    /// after the request was queued, the records may still be written.
+    pub async fn append(
+        &self,
+        topic: &TopicName,
+        items: Vec<AppendItem>,
+    ) -> Result<Vec<(Partition, Offset)>, LogError> {
+        let cfg = &self.inner.shared.cfg;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        if items.len() > cfg.max_records_per_append {
+            return Err(LogError::TooManyRecords {
+                count: items.len(),
+                max: cfg.max_records_per_append,
+            });
+        }
+        let mut bytes = 0usize;
+        for item in &items {
+            if item.value.len() > cfg.max_record_bytes {
+                return Err(LogError::RecordTooLarge {
+                    bytes: item.value.len(),
+                    max: cfg.max_record_bytes,
+                });
+            }
+            bytes += item.value.len();
+        }
+        if bytes > cfg.max_batch_bytes {
+            return Err(LogError::AppendTooLarge {
+                bytes,
+                max: cfg.max_batch_bytes,
+            });
+        }
+        let state = self.ensure_topic_state(topic, cfg.default_partitions)?;
+        let partitions = state.partition_count();
+        let items = items
+            .into_iter()
+            .map(|item| {
+                let partition = match &item.key {
+                    Some(key) => partition_for_key(key.as_bytes(), partitions),
+                    None => state.round_robin.fetch_add(1, Ordering::Relaxed) % partitions,
+                };
+                (partition, item.value)
+            })
+            .collect();
+
+        let tx = self
+            .inner
+            .tx
+            .as_ref()
+            .ok_or_else(|| LogError::Unavailable("the log is closing".to_owned()))?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(AppendRequest {
+            topic: state,
+            items,
+            bytes,
+            reply,
+        })
+        .await
+        .map_err(|_| LogError::Unavailable("the log writer has stopped".to_owned()))?;
+        answer
+            .await
+            .map_err(|_| LogError::Unavailable("the log writer has stopped".to_owned()))?
+    }
+
+    /// Reads up to `max` records of one partition from `from`, stopping before the payload
+    /// total would pass `max_bytes` (but always returning at least one record when there is
+    /// one, however large).
+    pub fn read(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<ReadResult, LogError> {
+        let state = self
+            .topic_state(topic)
+            .ok_or_else(|| LogError::UnknownTopic(topic.clone()))?;
+        let part = state.partition(partition)?;
+        // `end` first: every record below it is synced, so the iterator's snapshot, taken
+        // after, holds all of them (or fewer at the bottom if retention deleted some).
+        let end = part.end();
+        let earliest = part.earliest();
+        if from < earliest || from > end {
+            return Ok(ReadResult::OutOfRange { earliest, end });
+        }
+        if from == end || max == 0 {
+            return Ok(ReadResult::Records {
+                records: Vec::new(),
+                earliest,
+                end,
+            });
+        }
+
+        let db = &self.inner.shared.db;
+        let cf = records_cf(db)?;
+        let prefix_len = codec::partition_prefix(topic, partition).len();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(codec::record_key(topic, partition, end));
+        let mut it = db.raw_iterator_cf_opt(&cf, opts);
+        it.seek(codec::record_key(topic, partition, from));
+
+        let mut records: Vec<(Offset, Bytes)> = Vec::new();
+        let mut bytes = 0usize;
+        let mut expected = from;
+        let mut limited = false;
+        while let Some((key, value)) = it.item() {
+            if records.len() >= max {
+                limited = true;
+                break;
+            }
+            let offset = codec::record_key_offset(key, prefix_len)
+                .map_err(|e| e.at(topic, partition, expected))?;
+            if offset != expected {
+                if records.is_empty() {
+                    // Retention deleted `from` after we checked it: answered below.
+                    break;
+                }
+                return Err(LogError::Corrupt {
+                    what: format!("{topic}/{partition}: record {expected} is missing"),
+                });
+            }
+            let (_, payload) =
+                codec::decode_record(value).map_err(|e| e.at(topic, partition, offset))?;
+            if !records.is_empty() && bytes.saturating_add(payload.len()) > max_bytes {
+                limited = true;
+                break;
+            }
+            bytes = bytes.saturating_add(payload.len());
+            records.push((offset, Bytes::copy_from_slice(payload)));
+            expected += 1;
+            it.next();
+        }
+        it.status().map_err(LogError::storage)?;
+
+        if records.is_empty() {
+            let earliest_now = part.earliest();
+            if from < earliest_now {
+                return Ok(ReadResult::OutOfRange {
+                    earliest: earliest_now,
+                    end: part.end(),
+                });
+            }
+            return Err(LogError::Corrupt {
+                what: format!("{topic}/{partition}: record {from} is missing"),
+            });
+        }
+        if !limited && expected < end {
+            return Err(LogError::Corrupt {
+                what: format!("{topic}/{partition}: records {expected}..{end} are missing"),
+            });
+        }
+        Ok(ReadResult::Records {
+            records,
+            earliest,
+            end,
+        })
+    }
+
+    /// (earliest, end) of a partition: the records present are `earliest..end`.
+    pub fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), LogError> {
+        let state = self
+            .topic_state(topic)
+            .ok_or_else(|| LogError::UnknownTopic(topic.clone()))?;
+        let part = state.partition(partition)?;
+        Ok((part.earliest(), part.end()))
+    }
+
+    /// The end offset of a partition, updated after every synced append to it. A fetch parked
+    /// at the end waits on `changed()`.
+    pub fn watch_end(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<watch::Receiver<Offset>, LogError> {
+        let state = self
+            .topic_state(topic)
+            .ok_or_else(|| LogError::UnknownTopic(topic.clone()))?;
+        Ok(state.partition(partition)?.end.subscribe())
+    }
+
+    /// Deletes, in every partition, the oldest records that are older than `retention_ms`
+    /// (at `now_wall_ms`) or beyond `retention_bytes_per_partition` of newer payload. Only
+    /// prefixes are deleted: `earliest` moves up, nothing in the middle goes. A partition
+    /// that fails is reported and the others are still processed.
+    ///
+    /// Blocking (a few point reads and one synced write per truncated partition).
+    pub fn enforce_retention(&self, now_wall_ms: u64) -> Result<RetentionReport, LogError> {
+        let cfg = &self.inner.shared.cfg;
+        let mut report = RetentionReport::default();
+        if cfg.retention_ms.is_none() && cfg.retention_bytes_per_partition.is_none() {
+            return Ok(report);
+        }
+        let _serial = lock(&self.inner.retention_lock);
+        let mut topics: Vec<Arc<TopicState>> = self
+            .inner
+            .topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for state in topics {
+            for partition in 0..state.partition_count() {
+                match self.retain_partition(&state, partition, now_wall_ms) {
+                    Ok(Some(truncation)) => report.truncated.push(truncation),
+                    Ok(None) => {}
+                    Err(err) => {
+                        tracing::warn!(topic = %state.name, partition, error = %err, "retention failed");
+                        report.failed.push((state.name.clone(), partition, err));
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    fn retain_partition(
+        &self,
+        state: &TopicState,
+        partition: Partition,
+        now_wall_ms: u64,
+    ) -> Result<Option<Truncation>, LogError> {
+        let cfg = &self.inner.shared.cfg;
+        let db = &self.inner.shared.db;
+        let topic = &state.name;
+        let part = state.partition(partition)?;
+        let end = part.end();
+        let earliest = part.earliest();
+        if earliest >= end {
+            return Ok(None);
+        }
+        let cf = records_cf(db)?;
+        let header_at = |offset: Offset| -> Result<(RecordHeader, u64), LogError> {
+            let value = db
+                .get_pinned_cf(&cf, codec::record_key(topic, partition, offset))
+                .map_err(LogError::storage)?
+                .ok_or_else(|| LogError::Corrupt {
+                    what: format!("{topic}/{partition}: record {offset} is missing"),
+                })?;
+            let (header, payload) =
+                codec::decode_record(&value).map_err(|e| e.at(topic, partition, offset))?;
+            Ok((header, payload.len() as u64))
+        };
+
+        // Both searches rely on append times and positions being non-decreasing along the
+        // partition (the writer guarantees it), so each predicate splits `earliest..end`
+        // into a deletable prefix and a kept suffix.
+        let mut cut = earliest;
+        if let Some(retention_ms) = cfg.retention_ms {
+            let cutoff = now_wall_ms.saturating_sub(retention_ms);
+            let (mut lo, mut hi) = (earliest, end);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if header_at(mid)?.0.append_ms < cutoff {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            cut = cut.max(lo);
+        }
+        if let Some(max_bytes) = cfg.retention_bytes_per_partition {
+            let (last, last_len) = header_at(end - 1)?;
+            let position_end = last.position.saturating_add(last_len);
+            let (mut lo, mut hi) = (earliest, end);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if position_end.saturating_sub(header_at(mid)?.0.position) <= max_bytes {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            cut = cut.max(lo);
+        }
+        if cut <= earliest {
+            return Ok(None);
+        }
+
+        // Readers see the new earliest before the records go, so none of them can find a
+        // hole; if the write fails the old value comes back (only this pass moves it).
+        part.earliest.store(cut, Ordering::Release);
+        let meta = meta_cf(db)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(
+            &cf,
+            codec::record_key(topic, partition, 0),
+            codec::record_key(topic, partition, cut),
+        );
+        batch.put_cf(
+            &meta,
+            codec::earliest_meta_key(topic, partition),
+            codec::encode_earliest(cut),
+        );
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        if let Err(err) = db.write_opt(batch, &opts) {
+            part.earliest.store(earliest, Ordering::Release);
+            return Err(LogError::storage(err));
+        }
+        Ok(Some(Truncation {
+            topic: topic.clone(),
+            partition,
+            earliest_before: earliest,
+            earliest_after: cut,
+        }))
+    }
+
+    fn topic_state(&self, topic: &TopicName) -> Option<Arc<TopicState>> {
+        self.inner
+            .topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(topic)
+            .cloned()
+    }
+
+    fn ensure_topic_state(
+        &self,
+        topic: &TopicName,
+        partitions: u32,
+    ) -> Result<Arc<TopicState>, LogError> {
+        if let Some(state) = self.topic_state(topic) {
+            return Ok(state);
+        }
+        let cfg = &self.inner.shared.cfg;
+        if partitions == 0 || partitions > cfg.max_partitions {
+            return Err(LogError::InvalidPartitionCount {
+                partitions,
+                max: cfg.max_partitions,
+            });
+        }
+        let _serial = lock(&self.inner.create_lock);
+        if let Some(state) = self.topic_state(topic) {
+            return Ok(state);
+        }
+        let count = self
+            .inner
+            .topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        if count >= cfg.max_topics {
+            return Err(LogError::TooManyTopics {
+                max: cfg.max_topics,
+            });
+        }
+        let db = &self.inner.shared.db;
+        let meta = codec::TopicMeta {
+            partitions,
+            created_ms: cfg.clock.now_ms(),
+        };
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        db.put_cf_opt(
+            &meta_cf(db)?,
+            codec::topic_meta_key(topic),
+            codec::encode_topic_meta(meta),
+            &opts,
+        )
+        .map_err(LogError::storage)?;
+        let tails = (0..partitions).map(|_| (0, Tail::default())).collect();
+        let state = Arc::new(TopicState::new(topic.clone(), tails));
+        self.inner
+            .topics
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(topic.clone(), state.clone());
+        tracing::info!(%topic, partitions, "created topic");
+        Ok(state)
+    }
+}
+
+fn records_cf(db: &DB) -> Result<&rocksdb::ColumnFamily, LogError> {
+    db.cf_handle(RECORDS_CF)
+        .ok_or_else(|| LogError::Storage(format!("column family {RECORDS_CF} is missing")))
+}
+
+fn meta_cf(db: &DB) -> Result<&rocksdb::ColumnFamily, LogError> {
+    db.cf_handle(META_CF)
+        .ok_or_else(|| LogError::Storage(format!("column family {META_CF} is missing")))
+}
+
+/// Rebuilds every topic from the meta column family and the last record of each partition.
+fn recover_topics(db: &DB) -> Result<HashMap<TopicName, Arc<TopicState>>, LogError> {
+    let meta = meta_cf(db)?;
+    let records = records_cf(db)?;
+    let mut topics = HashMap::new();
+
+    let prefix = codec::topic_meta_prefix();
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(prefix.to_vec());
+    opts.set_iterate_upper_bound(vec![prefix[0] + 1]);
+    let mut it = db.raw_iterator_cf_opt(&meta, opts);
+    it.seek_to_first();
+    let mut found = Vec::new();
+    while let Some((key, value)) = it.item() {
+        let name = codec::topic_from_meta_key(key)?;
+        let topic_meta = codec::decode_topic_meta(value).map_err(|e| match e {
+            LogError::Corrupt { what } => LogError::Corrupt {
+                what: format!("topic {name}: {what}"),
+            },
+            other => other,
+        })?;
+        found.push((name, topic_meta));
+        it.next();
+    }
+    it.status().map_err(LogError::storage)?;
+    drop(it);
+
+    for (name, topic_meta) in found {
+        if topic_meta.partitions == 0 || topic_meta.partitions > PARTITIONS_HARD_MAX {
+            return Err(LogError::Corrupt {
+                what: format!(
+                    "topic {name}: stored partition count {}",
+                    topic_meta.partitions
+                ),
+            });
+        }
+        let mut tails = Vec::with_capacity(topic_meta.partitions as usize);
+        for partition in 0..topic_meta.partitions {
+            let earliest = match db
+                .get_pinned_cf(&meta, codec::earliest_meta_key(&name, partition))
+                .map_err(LogError::storage)?
+            {
+                Some(value) => {
+                    codec::decode_earliest(&value).map_err(|e| e.at(&name, partition, 0))?
+                }
+                None => 0,
+            };
+            let mut opts = ReadOptions::default();
+            opts.set_iterate_lower_bound(codec::record_key(&name, partition, 0));
+            opts.set_iterate_upper_bound(codec::record_key(&name, partition, u64::MAX));
+            let mut it = db.raw_iterator_cf_opt(&records, opts);
+            it.seek_to_last();
+            let mut tail = Tail {
+                next: earliest,
+                ..Tail::default()
+            };
+            if let Some((key, value)) = it.item() {
+                let prefix_len = codec::partition_prefix(&name, partition).len();
+                let offset = codec::record_key_offset(key, prefix_len)
+                    .map_err(|e| e.at(&name, partition, 0))?;
+                let (header, payload) =
+                    codec::decode_record(value).map_err(|e| e.at(&name, partition, offset))?;
+                // Deletions move `earliest` in the same write, so a last record below it
+                // cannot exist; if it did, `earliest` is the safer end.
+                if offset >= earliest {
+                    tail = Tail {
+                        next: offset + 1,
+                        last_ms: header.append_ms,
+                        position: header.position.saturating_add(payload.len() as u64),
+                    };
+                }
+            }
+            it.status().map_err(LogError::storage)?;
+            tails.push((earliest, tail));
+        }
+        tracing::debug!(topic = %name, partitions = topic_meta.partitions, "recovered topic");
+        topics.insert(name.clone(), Arc::new(TopicState::new(name, tails)));
+    }
+    Ok(topics)
+}

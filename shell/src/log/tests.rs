@@ -1,0 +1,673 @@
+//! Scenario tests of the embedded log, each on its own temporary directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use unimesh_core::{Offset, Partition, TopicName};
+
+use super::*;
+
+/// A wall clock the test moves by hand.
+#[derive(Debug, Default)]
+struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    fn set(&self, ms: u64) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+}
+
+impl WallClock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn topic(name: &str) -> TopicName {
+    TopicName::new(name).unwrap()
+}
+
+fn item(key: Option<&str>, value: impl Into<Bytes>) -> AppendItem {
+    AppendItem {
+        key: key.map(str::to_owned),
+        value: value.into(),
+    }
+}
+
+fn open(dir: &Path) -> EmbeddedLog {
+    EmbeddedLog::open(LogConfig::new(dir)).unwrap()
+}
+
+/// Every record of a partition, read in pages of 7 to exercise paging.
+fn read_all(log: &EmbeddedLog, t: &TopicName, p: Partition) -> Vec<(Offset, Bytes)> {
+    let (mut from, end) = log.offsets(t, p).unwrap();
+    let mut all = Vec::new();
+    while from < end {
+        match log.read(t, p, from, 7, usize::MAX).unwrap() {
+            ReadResult::Records { records, .. } => {
+                assert!(!records.is_empty(), "no progress at {from} < {end}");
+                from = records.last().unwrap().0 + 1;
+                all.extend(records);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    all
+}
+
+/// Copies a directory as it is on disk right now (a crash image: nothing closed or flushed).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn offsets_are_dense_per_partition_and_records_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("orders");
+    let mut written: BTreeMap<Partition, Vec<(Offset, Bytes)>> = BTreeMap::new();
+    for i in 0..60u32 {
+        let key = format!("k{}", i % 9);
+        let value = Bytes::from(format!("event-{i}"));
+        let key = if i % 3 == 0 { None } else { Some(key.as_str()) };
+        let got = log
+            .append(&t, vec![item(key, value.clone())])
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        written.entry(got[0].0).or_default().push((got[0].1, value));
+    }
+    assert_eq!(log.topic(&t).unwrap().partitions, 4);
+    for (p, records) in &written {
+        let offsets: Vec<Offset> = records.iter().map(|r| r.0).collect();
+        let dense: Vec<Offset> = (0..records.len() as u64).collect();
+        assert_eq!(offsets, dense, "partition {p}");
+        assert_eq!(log.offsets(&t, *p).unwrap(), (0, records.len() as u64));
+        assert_eq!(&read_all(&log, &t, *p), records);
+    }
+}
+
+#[tokio::test]
+async fn a_multi_record_append_gets_consecutive_offsets_in_item_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("batch");
+    let items = (0..10)
+        .map(|i| item(Some("same"), format!("v{i}")))
+        .collect();
+    let got = log.append(&t, items).await.unwrap();
+    let p = partition_for_key(b"same", 4);
+    let want: Vec<(Partition, Offset)> = (0..10).map(|o| (p, o)).collect();
+    assert_eq!(got, want);
+    let values: Vec<Bytes> = read_all(&log, &t, p).into_iter().map(|r| r.1).collect();
+    let want: Vec<Bytes> = (0..10).map(|i| Bytes::from(format!("v{i}"))).collect();
+    assert_eq!(values, want);
+}
+
+#[tokio::test]
+async fn a_key_always_maps_to_the_same_pinned_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("keys");
+    // Pinned: murmur2("foobar") = -790332482 → 1357151166 % 4 = 2 (Kafka's partitioner).
+    for _ in 0..5 {
+        let got = log
+            .append(&t, vec![item(Some("foobar"), "x")])
+            .await
+            .unwrap();
+        assert_eq!(got[0].0, 2);
+    }
+    for key in ["user-1", "user-2", "a", ""] {
+        let want = partition_for_key(key.as_bytes(), 4);
+        for _ in 0..3 {
+            let got = log.append(&t, vec![item(Some(key), "x")]).await.unwrap();
+            assert_eq!(got[0].0, want, "key {key:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn unkeyed_records_are_spread_round_robin() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("rr");
+    let mut per_partition = [0u32; 4];
+    for _ in 0..8 {
+        let got = log.append(&t, vec![item(None, "x")]).await.unwrap();
+        per_partition[got[0].0 as usize] += 1;
+    }
+    let got = log
+        .append(&t, (0..4).map(|_| item(None, "y")).collect())
+        .await
+        .unwrap();
+    for (p, _) in got {
+        per_partition[p as usize] += 1;
+    }
+    assert_eq!(per_partition, [3, 3, 3, 3]);
+}
+
+#[tokio::test]
+async fn reopen_after_close_recovers_end_offsets_and_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = topic("durable");
+    let mut before = BTreeMap::new();
+    {
+        let log = open(dir.path());
+        log.create_topic(&t, 3).unwrap();
+        for i in 0..20 {
+            log.append(&t, vec![item(None, format!("r{i}"))])
+                .await
+                .unwrap();
+        }
+        for p in 0..3 {
+            before.insert(p, read_all(&log, &t, p));
+        }
+        log.close().unwrap();
+    }
+    let log = open(dir.path());
+    assert_eq!(
+        log.topics(),
+        vec![TopicInfo {
+            name: t.clone(),
+            partitions: 3
+        }]
+    );
+    for p in 0..3 {
+        let records = &before[&p];
+        assert_eq!(log.offsets(&t, p).unwrap(), (0, records.len() as u64));
+        assert_eq!(&read_all(&log, &t, p), records);
+    }
+    // Appends continue after the recovered end, not over it.
+    let got = log.append(&t, vec![item(Some("k"), "next")]).await.unwrap();
+    let p = got[0].0;
+    assert_eq!(got[0].1, before[&p].len() as u64);
+}
+
+#[tokio::test]
+async fn a_crash_image_keeps_every_acknowledged_append() {
+    // Goal: what `append` acknowledged is on disk without close or flush. Method: copy the
+    // directory while the log is still open (the image a power cut would leave, as far as
+    // synced data goes) and open the copy.
+    let dir = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    let t = topic("crash");
+    let log = open(dir.path());
+    let mut acked = Vec::new();
+    for i in 0..50 {
+        let got = log
+            .append(&t, vec![item(Some(&format!("k{i}")), format!("v{i}"))])
+            .await
+            .unwrap();
+        acked.push((got[0], Bytes::from(format!("v{i}"))));
+    }
+    copy_dir(dir.path(), image.path());
+    let recovered = open(image.path());
+    for ((p, o), value) in acked {
+        match recovered.read(&t, p, o, 1, usize::MAX).unwrap() {
+            ReadResult::Records { records, .. } => assert_eq!(records, vec![(o, value)]),
+            other => panic!("{p}@{o}: {other:?}"),
+        }
+    }
+    drop(log);
+}
+
+#[tokio::test]
+async fn drop_without_close_keeps_every_acknowledged_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = topic("dropped");
+    let mut acked = Vec::new();
+    {
+        let log = open(dir.path());
+        for i in 0..30 {
+            let got = log
+                .append(&t, vec![item(None, format!("v{i}"))])
+                .await
+                .unwrap();
+            acked.push((got[0], Bytes::from(format!("v{i}"))));
+        }
+        let clone = log.clone();
+        drop(log);
+        drop(clone);
+    }
+    let log = open(dir.path());
+    for ((p, o), value) in acked {
+        match log.read(&t, p, o, 1, usize::MAX).unwrap() {
+            ReadResult::Records { records, .. } => assert_eq!(records, vec![(o, value)]),
+            other => panic!("{p}@{o}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("busy");
+    let tasks: Vec<_> = (0..64u32)
+        .map(|task| {
+            let log = log.clone();
+            let t = t.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for seq in 0..20u32 {
+                    let value = Bytes::from(format!("{task}/{seq}"));
+                    let key = (seq % 2 == 0).then(|| format!("key-{task}"));
+                    let at = log
+                        .append(
+                            &t,
+                            vec![AppendItem {
+                                key,
+                                value: value.clone(),
+                            }],
+                        )
+                        .await
+                        .unwrap();
+                    got.push((at[0], value));
+                }
+                got
+            })
+        })
+        .collect();
+    let mut by_position: BTreeMap<(Partition, Offset), Bytes> = BTreeMap::new();
+    for task in tasks {
+        for (at, value) in task.await.unwrap() {
+            assert!(
+                by_position.insert(at, value).is_none(),
+                "{at:?} given twice"
+            );
+        }
+    }
+    assert_eq!(by_position.len(), 64 * 20);
+    let stats = log.stats();
+    assert_eq!(stats.records_appended, 64 * 20);
+    assert!((1..=64 * 20).contains(&stats.synced_writes), "{stats:?}");
+    for p in 0..4 {
+        let offsets: Vec<Offset> = by_position
+            .keys()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, o)| *o)
+            .collect();
+        let dense: Vec<Offset> = (0..offsets.len() as u64).collect();
+        assert_eq!(offsets, dense, "partition {p}");
+        for (o, value) in read_all(&log, &t, p) {
+            assert_eq!(by_position[&(p, o)], value);
+        }
+    }
+}
+
+#[tokio::test]
+async fn reads_page_by_count_and_bytes_and_answer_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("paging");
+    log.create_topic(&t, 1).unwrap();
+    let items = (0..10u8).map(|i| item(None, vec![i; 100])).collect();
+    log.append(&t, items).await.unwrap();
+
+    let offsets_of = |r: ReadResult| match r {
+        ReadResult::Records { records, .. } => records.iter().map(|r| r.0).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        offsets_of(log.read(&t, 0, 0, 3, usize::MAX).unwrap()),
+        [0, 1, 2]
+    );
+    assert_eq!(offsets_of(log.read(&t, 0, 4, 100, 250).unwrap()), [4, 5]);
+    assert_eq!(offsets_of(log.read(&t, 0, 4, 100, 200).unwrap()), [4, 5]);
+    // A record larger than max_bytes still comes alone, or the reader could never progress.
+    assert_eq!(offsets_of(log.read(&t, 0, 7, 100, 10).unwrap()), [7]);
+    assert_eq!(
+        offsets_of(log.read(&t, 0, 8, 100, usize::MAX).unwrap()),
+        [8, 9]
+    );
+    match log.read(&t, 0, 9, 1, usize::MAX).unwrap() {
+        ReadResult::Records { records, .. } => assert_eq!(records[0].1, vec![9u8; 100]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        log.read(&t, 0, 10, 5, usize::MAX).unwrap(),
+        ReadResult::Records {
+            records: Vec::new(),
+            earliest: 0,
+            end: 10
+        }
+    );
+    assert_eq!(
+        log.read(&t, 0, 11, 5, usize::MAX).unwrap(),
+        ReadResult::OutOfRange {
+            earliest: 0,
+            end: 10
+        }
+    );
+    assert!(matches!(
+        log.read(&t, 1, 0, 5, 5),
+        Err(LogError::UnknownPartition { partition: 1, .. })
+    ));
+    assert!(matches!(
+        log.read(&topic("nope"), 0, 0, 5, 5),
+        Err(LogError::UnknownTopic(_))
+    ));
+}
+
+fn clocked(dir: &Path, clock: &Arc<ManualClock>) -> LogConfig {
+    let mut cfg = LogConfig::new(dir);
+    cfg.clock = clock.clone();
+    cfg
+}
+
+#[tokio::test]
+async fn retention_by_age_deletes_a_prefix_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let t = topic("aged");
+    {
+        let mut cfg = clocked(dir.path(), &clock);
+        cfg.retention_ms = Some(2_000);
+        let log = EmbeddedLog::open(cfg).unwrap();
+        log.create_topic(&t, 1).unwrap();
+        clock.set(1_000);
+        log.append(&t, (0..5).map(|_| item(None, "old")).collect())
+            .await
+            .unwrap();
+        clock.set(5_000);
+        log.append(&t, (0..3).map(|_| item(None, "new")).collect())
+            .await
+            .unwrap();
+        // The wall clock steps back: stored times stay non-decreasing, so these two are not
+        // taken for old records sitting after young ones.
+        clock.set(500);
+        log.append(&t, (0..2).map(|_| item(None, "stepped-back")).collect())
+            .await
+            .unwrap();
+
+        let report = log.enforce_retention(3_000).unwrap();
+        assert_eq!(report.truncated, vec![], "nothing is 2 s old at 3 s");
+        let report = log.enforce_retention(6_000).unwrap();
+        assert_eq!(
+            report.truncated,
+            vec![Truncation {
+                topic: t.clone(),
+                partition: 0,
+                earliest_before: 0,
+                earliest_after: 5
+            }]
+        );
+        assert!(report.failed.is_empty());
+        assert_eq!(log.offsets(&t, 0).unwrap(), (5, 10));
+        assert_eq!(
+            log.read(&t, 0, 4, 10, usize::MAX).unwrap(),
+            ReadResult::OutOfRange {
+                earliest: 5,
+                end: 10
+            }
+        );
+        let kept: Vec<Offset> = read_all(&log, &t, 0).iter().map(|r| r.0).collect();
+        assert_eq!(kept, [5, 6, 7, 8, 9]);
+        // Running again changes nothing.
+        assert!(log.enforce_retention(6_000).unwrap().truncated.is_empty());
+    }
+    let log = EmbeddedLog::open(clocked(dir.path(), &clock)).unwrap();
+    assert_eq!(log.offsets(&t, 0).unwrap(), (5, 10));
+    assert!(matches!(
+        log.read(&t, 0, 0, 10, usize::MAX).unwrap(),
+        ReadResult::OutOfRange { earliest: 5, .. }
+    ));
+}
+
+#[tokio::test]
+async fn retention_by_size_keeps_the_newest_bytes_per_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.retention_bytes_per_partition = Some(350);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("sized");
+    log.create_topic(&t, 2).unwrap();
+    // Partition 0 gets ten 100-byte records; partition 1 two, under the limit.
+    log.append(
+        &t,
+        (0..10)
+            .map(|_| item(Some("foobar"), vec![0u8; 100]))
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let p0 = partition_for_key(b"foobar", 2);
+    let p1 = 1 - p0;
+    let other_key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| partition_for_key(k.as_bytes(), 2) == p1)
+        .unwrap();
+    log.append(
+        &t,
+        (0..2)
+            .map(|_| item(Some(&other_key), vec![1u8; 100]))
+            .collect(),
+    )
+    .await
+    .unwrap();
+
+    let report = log.enforce_retention(0).unwrap();
+    assert_eq!(report.truncated.len(), 1);
+    assert_eq!(report.truncated[0].partition, p0);
+    // 300 bytes ≤ 350 < 400: the newest three stay.
+    assert_eq!(log.offsets(&t, p0).unwrap(), (7, 10));
+    assert_eq!(log.offsets(&t, p1).unwrap(), (0, 2));
+    assert!(matches!(
+        log.read(&t, p0, 6, 1, usize::MAX).unwrap(),
+        ReadResult::OutOfRange { earliest: 7, .. }
+    ));
+}
+
+#[tokio::test]
+async fn retention_can_empty_a_partition_and_offsets_continue_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let t = topic("emptied");
+    let mut cfg = clocked(dir.path(), &clock);
+    cfg.retention_ms = Some(10);
+    {
+        let log = EmbeddedLog::open(cfg.clone()).unwrap();
+        log.create_topic(&t, 1).unwrap();
+        clock.set(100);
+        log.append(&t, (0..4).map(|_| item(None, "x")).collect())
+            .await
+            .unwrap();
+        log.enforce_retention(1_000).unwrap();
+        assert_eq!(log.offsets(&t, 0).unwrap(), (4, 4));
+        assert_eq!(
+            log.read(&t, 0, 4, 1, 1).unwrap(),
+            ReadResult::Records {
+                records: vec![],
+                earliest: 4,
+                end: 4
+            }
+        );
+    }
+    let log = EmbeddedLog::open(cfg).unwrap();
+    assert_eq!(log.offsets(&t, 0).unwrap(), (4, 4));
+    clock.set(2_000);
+    assert_eq!(
+        log.append(&t, vec![item(None, "y")]).await.unwrap(),
+        [(0, 4)]
+    );
+    assert_eq!(read_all(&log, &t, 0), [(4, Bytes::from("y"))]);
+}
+
+#[tokio::test]
+async fn watch_end_wakes_a_waiter_on_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    let t = topic("watched");
+    log.create_topic(&t, 1).unwrap();
+    let mut end = log.watch_end(&t, 0).unwrap();
+    assert_eq!(*end.borrow_and_update(), 0);
+    let waiter = tokio::spawn(async move {
+        end.changed().await.unwrap();
+        let seen = *end.borrow_and_update();
+        seen
+    });
+    log.append(&t, vec![item(None, "wake up")]).await.unwrap();
+    // The guard only stops a broken build from hanging CI; it is not a timing assertion.
+    let seen = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter was never woken")
+        .unwrap();
+    assert_eq!(seen, 1);
+}
+
+#[tokio::test]
+async fn corrupt_stored_values_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = topic("rotten");
+    let log = open(dir.path());
+    log.create_topic(&t, 1).unwrap();
+    log.append(&t, (0..4).map(|i| item(None, format!("v{i}"))).collect())
+        .await
+        .unwrap();
+    let db = &log.inner.shared.db;
+    let cf = records_cf(db).unwrap();
+    let mut flipped = db
+        .get_cf(&cf, codec::record_key(&t, 0, 1))
+        .unwrap()
+        .unwrap();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x01;
+    db.put_cf(&cf, codec::record_key(&t, 0, 1), &flipped)
+        .unwrap();
+    db.put_cf(&cf, codec::record_key(&t, 0, 2), [1u8, 2, 3])
+        .unwrap();
+
+    // Record 0 is fine on its own; a read reaching record 1 fails and names it.
+    assert!(matches!(
+        log.read(&t, 0, 0, 1, usize::MAX).unwrap(),
+        ReadResult::Records { .. }
+    ));
+    match log.read(&t, 0, 0, 10, usize::MAX) {
+        Err(LogError::Corrupt { what }) => assert!(what.contains("rotten/0@1"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        log.read(&t, 0, 2, 10, usize::MAX),
+        Err(LogError::Corrupt { .. })
+    ));
+    // A hole (a record gone from the middle) is an error too, not a silent skip.
+    db.delete_cf(&cf, codec::record_key(&t, 0, 1)).unwrap();
+    assert!(matches!(
+        log.read(&t, 0, 0, 10, usize::MAX),
+        Err(LogError::Corrupt { .. })
+    ));
+
+    // The last record being unreadable makes open fail cleanly: its end cannot be known.
+    db.put_cf(
+        &cf,
+        codec::record_key(&t, 0, 3),
+        b"garbage-value-0123456789",
+    )
+    .unwrap();
+    drop(log);
+    match EmbeddedLog::open(LogConfig::new(dir.path())) {
+        Err(LogError::Corrupt { what }) => assert!(what.contains("rotten/0@3"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn retention_over_a_corrupt_record_reports_the_partition_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.retention_bytes_per_partition = Some(0);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let bad = topic("bad");
+    let good = topic("good");
+    log.create_topic(&bad, 1).unwrap();
+    log.create_topic(&good, 1).unwrap();
+    log.append(&bad, vec![item(None, "a"), item(None, "b")])
+        .await
+        .unwrap();
+    log.append(&good, vec![item(None, "a")]).await.unwrap();
+    let db = &log.inner.shared.db;
+    let cf = records_cf(db).unwrap();
+    db.put_cf(&cf, codec::record_key(&bad, 0, 1), [9u8; 30])
+        .unwrap();
+
+    let report = log.enforce_retention(0).unwrap();
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].0, bad);
+    assert!(matches!(report.failed[0].2, LogError::Corrupt { .. }));
+    assert_eq!(log.offsets(&bad, 0).unwrap(), (0, 2));
+    assert_eq!(log.offsets(&good, 0).unwrap(), (1, 1));
+}
+
+#[tokio::test]
+async fn limits_are_enforced_with_named_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.max_record_bytes = 16;
+    cfg.max_batch_bytes = 40;
+    cfg.max_records_per_append = 3;
+    cfg.max_topics = 2;
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("limited");
+    assert_eq!(
+        log.append(&t, vec![item(None, vec![0u8; 17])]).await,
+        Err(LogError::RecordTooLarge { bytes: 17, max: 16 })
+    );
+    assert_eq!(
+        log.append(&t, (0..3).map(|_| item(None, vec![0u8; 16])).collect())
+            .await,
+        Err(LogError::AppendTooLarge { bytes: 48, max: 40 })
+    );
+    assert_eq!(
+        log.append(&t, (0..4).map(|_| item(None, "x")).collect())
+            .await,
+        Err(LogError::TooManyRecords { count: 4, max: 3 })
+    );
+    // Nothing refused was half-applied, nor did it create the topic.
+    assert_eq!(log.topic(&t), None);
+    assert_eq!(log.append(&t, vec![]).await, Ok(vec![]));
+
+    log.append(&t, vec![item(None, "ok")]).await.unwrap();
+    log.ensure_topic(&topic("second")).unwrap();
+    let err = log.ensure_topic(&topic("third")).unwrap_err();
+    assert_eq!(err, LogError::TooManyTopics { max: 2 });
+    assert!(err.is_caller_error());
+    assert!(matches!(
+        log.create_topic(&topic("zero"), 0),
+        Err(LogError::InvalidPartitionCount { .. })
+    ));
+    // An existing topic keeps its partition count.
+    assert_eq!(log.create_topic(&t, 9).unwrap().partitions, 4);
+
+    let mut bad = LogConfig::new(dir.path());
+    bad.default_partitions = 0;
+    assert!(matches!(
+        EmbeddedLog::open(bad),
+        Err(LogError::InvalidConfig(_))
+    ));
+}
+
+#[tokio::test]
+async fn topics_are_listed_sorted_with_their_partition_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    log.create_topic(&topic("b"), 2).unwrap();
+    log.ensure_topic(&topic("a")).unwrap();
+    let names: BTreeSet<_> = log
+        .topics()
+        .into_iter()
+        .map(|i| (i.name, i.partitions))
+        .collect();
+    let want: BTreeSet<_> = [(topic("a"), 4), (topic("b"), 2)].into_iter().collect();
+    assert_eq!(names, want);
+    assert_eq!(log.topics()[0].name, topic("a"));
+}
