@@ -1,2 +1,4 @@
 
 pub mod log;
+pub mod spec_json;
+pub mod state;

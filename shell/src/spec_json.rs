@@ -1,0 +1,605 @@
+//! The subscription document of the HTTP API (DESIGN.md §5.1): the body of
+//! `PUT /v1/subscriptions/{group}` and the definition part of its `GET` answer.
+//!
+//! ```json
+//! {"topic": "orders",
+//!  "filter": {"type": "order.created", "source": "/shop", "subject": "eu/42",
+//!             "subjectPrefix": "eu/", "typePrefix": "order.", "extensions": {"tier": "gold"}},
+//!  "ackTimeoutMs": 30000, "maxAttempts": 16,
+//!  "backoff": {"initialMs": 1000, "maxMs": 60000, "multiplier": 2.0},
+//!  "maxInFlightPerClient": 100, "ordering": "none", "startFrom": "earliest",
+//!  "push": {"url": "https://example.com/hook"}}
+//! ```
+//!
+//! Only `topic` is required; everything else defaults to [`SubscriptionSpec::new`].
+//! User input goes through [`SubscriptionDoc::from_json`], which names the offending field in
+//! every error (`{"field": "backoff.multiplier", "message": "..."}`): serde's own messages
+//! say what was wrong but not where, once the error is inside a nested object.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use unimesh_core::{
+    Backoff, Filter, GroupName, Ordering, StartFrom, SubscriptionLimits, SubscriptionSpec,
+    TopicName,
+};
+
+/// Longest accepted webhook URL, in bytes.
+pub const MAX_PUSH_URL_BYTES: usize = 2_048;
+
+/// Longest accepted filter value (type, source, subject, prefixes, extension values), in bytes.
+pub const MAX_FILTER_VALUE_BYTES: usize = 1_024;
+
+/// A subscription as the HTTP API spells it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionDoc {
+    pub topic: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<FilterDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_per_client: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<OrderingDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_from: Option<StartFromDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushDoc>,
+}
+
+/// CloudEvents attribute conditions; all present ones must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FilterDoc {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub ty: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<BTreeMap<String, String>>,
+}
+
+/// Redelivery backoff; absent members take the defaults of [`Backoff::default`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackoffDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiplier: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderingDoc {
+    None,
+    Key,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFromDoc {
+    Earliest,
+    Latest,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PushDoc {
+    pub url: String,
+}
+
+/// A refused document: which field (dotted path, empty for the whole body) and why.
+/// Serializes as `{"field": "...", "message": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for FieldError {}
+
+impl SubscriptionDoc {
+    /// Parses a request body. Unknown fields, wrong types and malformed JSON are refused with
+    /// the dotted path of the field at fault. Values are not range-checked here: that is
+    /// [`SubscriptionDoc::into_spec`]'s job.
+    pub fn from_json(body: &[u8]) -> Result<Self, FieldError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| FieldError::new("", format!("the body is not valid JSON: {e}")))?;
+        let mut top = into_object(value, "")?;
+        let filter = match take::<Map<String, Value>>(&mut top, "", "filter")? {
+            None => None,
+            Some(mut f) => {
+                let doc = FilterDoc {
+                    ty: take(&mut f, "filter", "type")?,
+                    source: take(&mut f, "filter", "source")?,
+                    subject: take(&mut f, "filter", "subject")?,
+                    subject_prefix: take(&mut f, "filter", "subjectPrefix")?,
+                    type_prefix: take(&mut f, "filter", "typePrefix")?,
+                    extensions: take(&mut f, "filter", "extensions")?,
+                };
+                no_leftovers(&f, "filter")?;
+                Some(doc)
+            }
+        };
+        let backoff = match take::<Map<String, Value>>(&mut top, "", "backoff")? {
+            None => None,
+            Some(mut b) => {
+                let doc = BackoffDoc {
+                    initial_ms: take(&mut b, "backoff", "initialMs")?,
+                    max_ms: take(&mut b, "backoff", "maxMs")?,
+                    multiplier: take(&mut b, "backoff", "multiplier")?,
+                };
+                no_leftovers(&b, "backoff")?;
+                Some(doc)
+            }
+        };
+        let push = match take::<Map<String, Value>>(&mut top, "", "push")? {
+            None => None,
+            Some(mut p) => {
+                let url = take(&mut p, "push", "url")?
+                    .ok_or_else(|| FieldError::new("push.url", "is required"))?;
+                no_leftovers(&p, "push")?;
+                Some(PushDoc { url })
+            }
+        };
+        let doc = SubscriptionDoc {
+            topic: take(&mut top, "", "topic")?
+                .ok_or_else(|| FieldError::new("topic", "is required"))?,
+            filter,
+            ack_timeout_ms: take(&mut top, "", "ackTimeoutMs")?,
+            max_attempts: take(&mut top, "", "maxAttempts")?,
+            backoff,
+            max_in_flight_per_client: take(&mut top, "", "maxInFlightPerClient")?,
+            ordering: take(&mut top, "", "ordering")?,
+            start_from: take(&mut top, "", "startFrom")?,
+            push,
+        };
+        no_leftovers(&top, "")?;
+        Ok(doc)
+    }
+
+    /// Converts into a spec for `group` and checks it against `limits`. `startFrom: latest`
+    /// gives `StartFrom::Latest` with an empty map: the engine fills in the end offsets it
+    /// reads from the broker when the group is created.
+    pub fn into_spec(
+        self,
+        group: GroupName,
+        limits: &SubscriptionLimits,
+    ) -> Result<SubscriptionSpec, FieldError> {
+        let spec = self.into_spec_unchecked(group)?;
+        spec.validate(limits)
+            .map_err(|e| FieldError::new(e.field, e.why))?;
+        Ok(spec)
+    }
+
+    /// The structural part of the conversion (names, formats), without the limits, so a
+    /// stored spec can be read back even when the configured limits changed since; the core
+    /// validates recovered specs against the limits in force.
+    pub(crate) fn into_spec_unchecked(
+        self,
+        group: GroupName,
+    ) -> Result<SubscriptionSpec, FieldError> {
+        let topic = TopicName::new(&self.topic).map_err(|e| FieldError::new("topic", e.reason))?;
+        let mut spec = SubscriptionSpec::new(group, topic);
+        if let Some(f) = self.filter {
+            spec.filter = filter_from_doc(f)?;
+        }
+        if let Some(v) = self.ack_timeout_ms {
+            spec.ack_timeout_ms = v;
+        }
+        if let Some(v) = self.max_attempts {
+            spec.max_attempts = v;
+        }
+        if let Some(b) = self.backoff {
+            let d = Backoff::default();
+            spec.backoff = Backoff {
+                initial_ms: b.initial_ms.unwrap_or(d.initial_ms),
+                max_ms: b.max_ms.unwrap_or(d.max_ms),
+                multiplier: b.multiplier.unwrap_or(d.multiplier),
+            };
+        }
+        if let Some(v) = self.max_in_flight_per_client {
+            spec.max_in_flight_per_client = v;
+        }
+        spec.ordering = match self.ordering {
+            None | Some(OrderingDoc::None) => Ordering::None,
+            Some(OrderingDoc::Key) => Ordering::Key,
+        };
+        spec.start_from = match self.start_from {
+            None | Some(StartFromDoc::Earliest) => StartFrom::Earliest,
+            Some(StartFromDoc::Latest) => StartFrom::Latest(BTreeMap::new()),
+        };
+        if let Some(p) = self.push {
+            check_push_url(&p.url)?;
+            spec.push_url = Some(p.url);
+        }
+        Ok(spec)
+    }
+
+    /// The document of a spec, every setting spelled out (for `GET`). The end offsets of
+    /// `StartFrom::Latest` are not part of the API document.
+    pub fn from_spec(spec: &SubscriptionSpec) -> Self {
+        let f = &spec.filter;
+        let filter = (!f.is_empty()).then(|| FilterDoc {
+            ty: f.ty.clone(),
+            source: f.source.clone(),
+            subject: f.subject.clone(),
+            subject_prefix: f.subject_prefix.clone(),
+            type_prefix: f.type_prefix.clone(),
+            extensions: (!f.extensions.is_empty())
+                .then(|| f.extensions.iter().cloned().collect::<BTreeMap<_, _>>()),
+        });
+        SubscriptionDoc {
+            topic: spec.topic.as_str().to_owned(),
+            filter,
+            ack_timeout_ms: Some(spec.ack_timeout_ms),
+            max_attempts: Some(spec.max_attempts),
+            backoff: Some(BackoffDoc {
+                initial_ms: Some(spec.backoff.initial_ms),
+                max_ms: Some(spec.backoff.max_ms),
+                multiplier: Some(spec.backoff.multiplier),
+            }),
+            max_in_flight_per_client: Some(spec.max_in_flight_per_client),
+            ordering: Some(match spec.ordering {
+                Ordering::None => OrderingDoc::None,
+                Ordering::Key => OrderingDoc::Key,
+            }),
+            start_from: Some(match spec.start_from {
+                StartFrom::Earliest => StartFromDoc::Earliest,
+                StartFrom::Latest(_) => StartFromDoc::Latest,
+            }),
+            push: spec
+                .push_url
+                .as_ref()
+                .map(|url| PushDoc { url: url.clone() }),
+        }
+    }
+}
+
+/// Parses and validates a `PUT /v1/subscriptions/{group}` body in one step.
+pub fn parse_subscription(
+    group: GroupName,
+    body: &[u8],
+    limits: &SubscriptionLimits,
+) -> Result<SubscriptionSpec, FieldError> {
+    SubscriptionDoc::from_json(body)?.into_spec(group, limits)
+}
+
+fn filter_from_doc(doc: FilterDoc) -> Result<Filter, FieldError> {
+    let value = |name: &str, v: Option<String>| -> Result<Option<String>, FieldError> {
+        match v {
+            Some(s) if s.len() > MAX_FILTER_VALUE_BYTES => Err(FieldError::new(
+                format!("filter.{name}"),
+                format!("longer than {MAX_FILTER_VALUE_BYTES} bytes"),
+            )),
+            other => Ok(other),
+        }
+    };
+    let mut extensions = Vec::new();
+    for (name, v) in doc.extensions.unwrap_or_default() {
+        // CloudEvents 1.0 attribute names: lower-case ASCII letters and digits. A condition
+        // on any other name could never match, so it is refused rather than kept silently.
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        {
+            return Err(FieldError::new(
+                format!("filter.extensions.{name}"),
+                "an extension name is 1 to 64 lower-case ASCII letters or digits",
+            ));
+        }
+        if v.len() > MAX_FILTER_VALUE_BYTES {
+            return Err(FieldError::new(
+                format!("filter.extensions.{name}"),
+                format!("longer than {MAX_FILTER_VALUE_BYTES} bytes"),
+            ));
+        }
+        extensions.push((name, v));
+    }
+    // BTreeMap iteration already sorted the names, as `Filter::extensions` requires.
+    Ok(Filter {
+        ty: value("type", doc.ty)?,
+        type_prefix: value("typePrefix", doc.type_prefix)?,
+        source: value("source", doc.source)?,
+        subject: value("subject", doc.subject)?,
+        subject_prefix: value("subjectPrefix", doc.subject_prefix)?,
+        extensions,
+    })
+}
+
+fn check_push_url(url: &str) -> Result<(), FieldError> {
+    let bad = |why: &str| Err(FieldError::new("push.url", why));
+    if url.len() > MAX_PUSH_URL_BYTES {
+        return bad("longer than 2048 bytes");
+    }
+    let uri: http::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(_) => return bad("is not a valid URL"),
+    };
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return bad("must be an http:// or https:// URL"),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return bad("must name a host");
+    }
+    Ok(())
+}
+
+fn path(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}.{name}")
+    }
+}
+
+fn into_object(value: Value, at: &str) -> Result<Map<String, Value>, FieldError> {
+    match value {
+        Value::Object(m) => Ok(m),
+        other => Err(FieldError::new(
+            at,
+            format!("must be a JSON object, not {}", kind(&other)),
+        )),
+    }
+}
+
+/// Removes `name` from `obj` and deserializes it; `null` counts as absent.
+fn take<T: DeserializeOwned>(
+    obj: &mut Map<String, Value>,
+    parent: &str,
+    name: &str,
+) -> Result<Option<T>, FieldError> {
+    match obj.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(|e| FieldError::new(path(parent, name), e.to_string())),
+    }
+}
+
+fn no_leftovers(obj: &Map<String, Value>, parent: &str) -> Result<(), FieldError> {
+    match obj.keys().next() {
+        None => Ok(()),
+        Some(k) => Err(FieldError::new(path(parent, k), "unknown field")),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group() -> GroupName {
+        GroupName::new("g1").unwrap()
+    }
+
+    fn parse(json: &str) -> Result<SubscriptionSpec, FieldError> {
+        parse_subscription(group(), json.as_bytes(), &SubscriptionLimits::default())
+    }
+
+    fn field_of(json: &str) -> String {
+        match parse(json) {
+            Ok(spec) => panic!("accepted {json}: {spec:?}"),
+            Err(e) => e.field,
+        }
+    }
+
+    #[test]
+    fn topic_alone_gives_the_defaults() {
+        let spec = parse(r#"{"topic":"orders"}"#).unwrap();
+        let want = SubscriptionSpec::new(group(), TopicName::new("orders").unwrap());
+        assert_eq!(spec, want);
+    }
+
+    #[test]
+    fn every_field_is_carried_over() {
+        let spec = parse(
+            r#"{"topic":"orders",
+                "filter":{"type":"order.created","source":"/shop","subject":"eu/42",
+                          "subjectPrefix":"eu/","typePrefix":"order.",
+                          "extensions":{"tier":"gold","region":"eu"}},
+                "ackTimeoutMs":5000,"maxAttempts":3,
+                "backoff":{"initialMs":10,"maxMs":500,"multiplier":1.5},
+                "maxInFlightPerClient":7,"ordering":"key","startFrom":"latest",
+                "push":{"url":"https://hooks.example.com/in?x=1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.filter.ty.as_deref(), Some("order.created"));
+        assert_eq!(spec.filter.source.as_deref(), Some("/shop"));
+        assert_eq!(spec.filter.subject.as_deref(), Some("eu/42"));
+        assert_eq!(spec.filter.subject_prefix.as_deref(), Some("eu/"));
+        assert_eq!(spec.filter.type_prefix.as_deref(), Some("order."));
+        assert_eq!(
+            spec.filter.extensions,
+            vec![
+                ("region".to_owned(), "eu".to_owned()),
+                ("tier".to_owned(), "gold".to_owned())
+            ]
+        );
+        assert_eq!(spec.ack_timeout_ms, 5000);
+        assert_eq!(spec.max_attempts, 3);
+        assert_eq!(
+            spec.backoff,
+            Backoff {
+                initial_ms: 10,
+                max_ms: 500,
+                multiplier: 1.5
+            }
+        );
+        assert_eq!(spec.max_in_flight_per_client, 7);
+        assert_eq!(spec.ordering, Ordering::Key);
+        assert_eq!(spec.start_from, StartFrom::Latest(BTreeMap::new()));
+        assert_eq!(
+            spec.push_url.as_deref(),
+            Some("https://hooks.example.com/in?x=1")
+        );
+    }
+
+    #[test]
+    fn partial_backoff_takes_defaults_for_the_rest() {
+        let spec = parse(r#"{"topic":"t","backoff":{"initialMs":5}}"#).unwrap();
+        let d = Backoff::default();
+        assert_eq!(spec.backoff.initial_ms, 5);
+        assert_eq!(spec.backoff.max_ms, d.max_ms);
+        assert_eq!(spec.backoff.multiplier, d.multiplier);
+    }
+
+    #[test]
+    fn nulls_count_as_absent() {
+        let spec = parse(r#"{"topic":"t","filter":null,"ordering":null}"#).unwrap();
+        assert_eq!(spec.filter, Filter::default());
+        assert_eq!(spec.ordering, Ordering::None);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (r#"{}"#, "topic"),
+            (r#"{"topic":"a/b"}"#, "topic"),
+            (r#"{"topic":7}"#, "topic"),
+            (r#"{"topic":"t","tpoic":"x"}"#, "tpoic"),
+            (r#"{"topic":"t","ackTimeoutMs":0}"#, "ackTimeoutMs"),
+            (r#"{"topic":"t","ackTimeoutMs":-5}"#, "ackTimeoutMs"),
+            (r#"{"topic":"t","ackTimeoutMs":"5"}"#, "ackTimeoutMs"),
+            (r#"{"topic":"t","maxAttempts":0}"#, "maxAttempts"),
+            (r#"{"topic":"t","maxAttempts":4294967296}"#, "maxAttempts"),
+            (
+                r#"{"topic":"t","maxInFlightPerClient":0}"#,
+                "maxInFlightPerClient",
+            ),
+            (
+                r#"{"topic":"t","backoff":{"multiplier":"x"}}"#,
+                "backoff.multiplier",
+            ),
+            (
+                r#"{"topic":"t","backoff":{"multiplier":0.5}}"#,
+                "backoff.multiplier",
+            ),
+            (
+                r#"{"topic":"t","backoff":{"initialMs":10,"maxMs":5}}"#,
+                "backoff.initialMs",
+            ),
+            (r#"{"topic":"t","backoff":{"jitter":1}}"#, "backoff.jitter"),
+            (r#"{"topic":"t","backoff":[]}"#, "backoff"),
+            (r#"{"topic":"t","filter":{"tyep":"x"}}"#, "filter.tyep"),
+            (r#"{"topic":"t","filter":{"type":1}}"#, "filter.type"),
+            (
+                r#"{"topic":"t","filter":{"extensions":{"Tier":"x"}}}"#,
+                "filter.extensions.Tier",
+            ),
+            (
+                r#"{"topic":"t","filter":{"extensions":{"tier":1}}}"#,
+                "filter.extensions",
+            ),
+            (r#"{"topic":"t","ordering":"fifo"}"#, "ordering"),
+            (r#"{"topic":"t","startFrom":"middle"}"#, "startFrom"),
+            (r#"{"topic":"t","push":{}}"#, "push.url"),
+            (r#"{"topic":"t","push":{"url":"ftp://x/y"}}"#, "push.url"),
+            (r#"{"topic":"t","push":{"url":"not a url"}}"#, "push.url"),
+            (
+                r#"{"topic":"t","push":{"url":"https://h/","secret":"s"}}"#,
+                "push.secret",
+            ),
+            (r#"[]"#, ""),
+            (r#"{"topic":"t""#, ""),
+        ];
+        for (json, field) in cases {
+            assert_eq!(field_of(json), field, "{json}");
+        }
+    }
+
+    #[test]
+    fn too_many_extension_conditions_are_refused() {
+        let ext: Vec<String> = (0..17).map(|i| format!("\"e{i}\":\"v\"")).collect();
+        let json = format!(
+            r#"{{"topic":"t","filter":{{"extensions":{{{}}}}}}}"#,
+            ext.join(",")
+        );
+        assert_eq!(field_of(&json), "filter.extensions");
+    }
+
+    #[test]
+    fn field_errors_serialize_as_the_api_says() {
+        let err = parse(r#"{"topic":"t","ackTimeoutMs":0}"#).unwrap_err();
+        let v: Value = serde_json::to_value(&err).unwrap();
+        assert_eq!(v["field"], "ackTimeoutMs");
+        assert!(v["message"].as_str().unwrap().contains("between"));
+    }
+
+    #[test]
+    fn spec_to_document_and_back_is_identity() {
+        let spec = parse(
+            r#"{"topic":"orders","filter":{"typePrefix":"order.","extensions":{"tier":"gold"}},
+                "ackTimeoutMs":5000,"backoff":{"initialMs":10,"maxMs":500,"multiplier":1.5},
+                "ordering":"key","push":{"url":"http://localhost:9000/hook"}}"#,
+        )
+        .unwrap();
+        let doc = SubscriptionDoc::from_spec(&spec);
+        let json = serde_json::to_vec(&doc).unwrap();
+        // Both readers (the field-naming one and serde's derive) agree on the output.
+        let derived: SubscriptionDoc = serde_json::from_slice(&json).unwrap();
+        assert_eq!(derived, doc);
+        let back = parse(std::str::from_utf8(&json).unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn latest_is_spelled_latest_whatever_the_offsets() {
+        let mut spec = SubscriptionSpec::new(group(), TopicName::new("t").unwrap());
+        spec.start_from = StartFrom::Latest(BTreeMap::from([(0, 17), (3, 4)]));
+        let v = serde_json::to_value(SubscriptionDoc::from_spec(&spec)).unwrap();
+        assert_eq!(v["startFrom"], "latest");
+        assert_eq!(v["ordering"], "none");
+        assert!(v.get("filter").is_none());
+        assert!(v.get("push").is_none());
+    }
+}
