@@ -1,0 +1,424 @@
+//! The engine's front door: a cloneable handle the HTTP layer calls. Requests that touch
+//! the mesh go through the engine task's bounded channel; publishing goes straight to the
+//! log (the core has no part in it beyond the rate limit).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use cloudevents::AttributesReader;
+use madsim_tokio as tokio;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use unimesh_core::{
+    ClientId, Delivery, DeliveryId, Epoch, GroupName, GroupStats, MeshStats, Offset, Partition,
+    RateLimiter, RateRule, Refusal, Settle, SubscriptionSpec, TopicName,
+};
+
+use super::ports::{AppendError, LogPort, StatePort};
+use super::task::{decode_record, Command, Reply};
+use crate::log::AppendItem;
+
+/// Why a request could not be served. The HTTP layer maps each to a status and a JSON body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineError {
+    UnknownGroup(GroupName),
+    UnknownTopic(TopicName),
+    Refused(Refusal),
+    BadRequest(String),
+    RateLimited { retry_after_ms: u64 },
+    TooLarge(String),
+    Unavailable(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::UnknownGroup(g) => write!(f, "no subscription group named {g}"),
+            EngineError::UnknownTopic(t) => write!(f, "no topic named {t}"),
+            EngineError::Refused(r) => write!(f, "{r}"),
+            EngineError::BadRequest(m) => write!(f, "{m}"),
+            EngineError::RateLimited { retry_after_ms } => {
+                write!(f, "rate limited; retry after {retry_after_ms} ms")
+            }
+            EngineError::TooLarge(m) => write!(f, "{m}"),
+            EngineError::Unavailable(m) => write!(f, "unavailable: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// How a settle request treats its delivery ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settling {
+    Ack,
+    Nack { delay_ms: Option<u64> },
+    Extend { extend_ms: Option<u64> },
+}
+
+/// One partition of one group, as `/admin/offsets` and `GET /v1/subscriptions/{g}` show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetRow {
+    pub group: GroupName,
+    pub topic: TopicName,
+    pub partition: Partition,
+    /// The log's end offset (the next offset it will assign).
+    pub end: Offset,
+    /// The next offset the group will fetch.
+    pub cursor: Offset,
+    /// One past the highest offset handed out.
+    pub push: Offset,
+    /// The lowest offset not yet done; everything below is ACKed or dead-lettered.
+    pub watermark: Offset,
+    /// The watermark as last made durable.
+    pub durable_watermark: Option<Offset>,
+    /// Done ranges above the watermark, [start, end).
+    pub ack_ranges: Vec<(Offset, Offset)>,
+    /// end - watermark.
+    pub lag: u64,
+    pub in_flight: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SubscriptionInfo {
+    pub spec: SubscriptionSpec,
+    pub lanes: Vec<OffsetRow>,
+    pub clients: usize,
+    /// Dead letters being replayed into the group now.
+    pub replaying: usize,
+    pub stats: GroupStats,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientInfo {
+    pub group: GroupName,
+    pub id: ClientId,
+    pub credit: u32,
+    pub in_flight: u32,
+    pub last_active_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct MetricsSnapshot {
+    pub groups: Vec<SubscriptionInfo>,
+    pub mesh: MeshStats,
+    pub epoch: Epoch,
+}
+
+/// One DLQ entry, with its event rendered as delivered (incl. emmqoffset/emmqpartition).
+#[derive(Clone, Debug)]
+pub struct DlqItem {
+    pub topic: TopicName,
+    pub partition: Partition,
+    pub offset: Offset,
+    pub attempts: u32,
+    pub reason: String,
+    pub dead_lettered_at_ms: u64,
+    /// The stored event bytes.
+    pub body: Bytes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishResult {
+    pub id: String,
+    pub partition: Partition,
+    pub offset: Offset,
+}
+
+/// Engine-wide counters and flags shared with the handle (metrics, health).
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub ready: AtomicBool,
+    pub healthy: AtomicBool,
+    pub fetches: AtomicU64,
+    pub persists: AtomicU64,
+    pub persist_failures: AtomicU64,
+    pub skipped: AtomicU64,
+    pub published: AtomicU64,
+    pub publish_failures: AtomicU64,
+}
+
+/// The handle the HTTP front uses. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) log: Arc<dyn LogPort>,
+    pub(crate) state: Arc<dyn StatePort>,
+    pub(crate) limiter: Arc<Mutex<RateLimiter>>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) start: Instant,
+}
+
+impl EngineHandle {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(make(tx))
+            .await
+            .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?;
+        rx.await
+            .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.shared.ready.load(AtomicOrdering::Relaxed)
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.shared.healthy.load(AtomicOrdering::Relaxed) && !self.commands.is_closed()
+    }
+
+    // ----- traffic -----
+
+    /// Appends validated events durably; answers after every one is synced. Nothing is
+    /// appended when the request is refused.
+    pub async fn publish(
+        &self,
+        topic: &TopicName,
+        events: Vec<crate::event::Event>,
+    ) -> Result<Vec<PublishResult>, EngineError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        {
+            let now = Instant::now().duration_since(self.start).as_millis() as u64;
+            let mut limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
+            match limiter.try_acquire(now, topic, events.len() as u64) {
+                Ok(()) => {}
+                Err(Some(retry_after_ms)) => {
+                    return Err(EngineError::RateLimited { retry_after_ms })
+                }
+                Err(None) => {
+                    return Err(EngineError::TooLarge(format!(
+                        "a batch of {} events exceeds the rate-limit burst of topic {topic}",
+                        events.len()
+                    )))
+                }
+            }
+        }
+        let ids: Vec<String> = events.iter().map(|e| e.id().to_owned()).collect();
+        let items = events
+            .iter()
+            .map(|e| AppendItem {
+                key: crate::event::partition_key(e),
+                value: crate::event::encode_stored(e),
+            })
+            .collect();
+        let existed = self.log.partitions(topic).is_some();
+        let placed = self.log.append(topic.clone(), items).await.map_err(|e| {
+            self.shared
+                .publish_failures
+                .fetch_add(1, AtomicOrdering::Relaxed);
+            match e {
+                AppendError::TooLarge(m) => EngineError::TooLarge(m),
+                AppendError::Invalid(m) => EngineError::BadRequest(m),
+                AppendError::Unavailable(m) => EngineError::Unavailable(m),
+            }
+        })?;
+        self.shared
+            .published
+            .fetch_add(placed.len() as u64, AtomicOrdering::Relaxed);
+        if !existed {
+            let _ = self
+                .commands
+                .send(Command::TopicCreated {
+                    topic: topic.clone(),
+                })
+                .await;
+        }
+        Ok(ids
+            .into_iter()
+            .zip(placed)
+            .map(|(id, (partition, offset))| PublishResult {
+                id,
+                partition,
+                offset,
+            })
+            .collect())
+    }
+
+    /// Creates (true) or updates (false) a group; answers once its definition is durable.
+    /// `StartFrom::Latest` with an empty map means "from the end offsets as of now".
+    pub async fn subscribe(&self, spec: SubscriptionSpec) -> Result<bool, EngineError> {
+        self.ask(|reply| Command::Subscribe {
+            spec: Box::new(spec),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn subscription(&self, group: &GroupName) -> Result<SubscriptionInfo, EngineError> {
+        let group = group.clone();
+        self.ask(|reply| Command::Subscription { group, reply })
+            .await
+    }
+
+    /// Removes a group; answers once the removal is durable.
+    pub async fn unsubscribe(&self, group: &GroupName) -> Result<(), EngineError> {
+        let group = group.clone();
+        self.ask(|reply| Command::Unsubscribe { group, reply })
+            .await
+    }
+
+    /// Long-poll: up to `max` deliveries, waiting up to `wait_ms` for the first.
+    pub async fn poll(
+        &self,
+        group: &GroupName,
+        client: &ClientId,
+        max: u32,
+        wait_ms: u64,
+    ) -> Result<Vec<Delivery>, EngineError> {
+        let (group, client) = (group.clone(), client.clone());
+        self.ask(|reply| Command::Poll {
+            group,
+            client,
+            max,
+            wait_ms,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn settle(
+        &self,
+        group: &GroupName,
+        how: Settling,
+        ids: Vec<DeliveryId>,
+    ) -> Result<Vec<Settle>, EngineError> {
+        let group = group.clone();
+        self.ask(|reply| Command::Settle {
+            group,
+            how,
+            ids,
+            reply,
+        })
+        .await
+    }
+
+    // ----- admin -----
+
+    pub async fn subscriptions(&self) -> Result<Vec<SubscriptionInfo>, EngineError> {
+        self.ask(|reply| Command::Subscriptions { reply }).await
+    }
+
+    pub async fn clients(&self) -> Result<Vec<ClientInfo>, EngineError> {
+        self.ask(|reply| Command::Clients { reply }).await
+    }
+
+    /// Disconnects a client from every group: what it holds is redelivered at once.
+    pub async fn evict(&self, client: &ClientId) -> Result<usize, EngineError> {
+        let client = client.clone();
+        self.ask(|reply| Command::Evict { client, reply }).await
+    }
+
+    pub async fn offsets(&self, topic: &TopicName) -> Result<Vec<OffsetRow>, EngineError> {
+        let topic = topic.clone();
+        self.ask(|reply| Command::Offsets { topic, reply }).await
+    }
+
+    /// The first `max` dead letters of a group, by (partition, offset).
+    pub async fn dlq(&self, group: &GroupName, max: usize) -> Result<Vec<DlqItem>, EngineError> {
+        self.subscription(group).await?;
+        let entries = self
+            .state
+            .dlq_list(group.clone(), max)
+            .await
+            .map_err(EngineError::Unavailable)?;
+        Ok(entries
+            .into_iter()
+            .map(|e| DlqItem {
+                topic: e.topic,
+                partition: e.key.partition,
+                offset: e.key.offset,
+                attempts: e.attempts,
+                reason: e.reason,
+                dead_lettered_at_ms: e.dead_lettered_at_ms,
+                body: e.body,
+            })
+            .collect())
+    }
+
+    /// Delivers up to `max` dead letters again to this group only, with fresh attempt
+    /// counts. An entry leaves the DLQ when its replay is ACKed. Answers how many started.
+    pub async fn dlq_replay(&self, group: &GroupName, max: usize) -> Result<usize, EngineError> {
+        self.subscription(group).await?;
+        let entries = self
+            .state
+            .dlq_list(group.clone(), max)
+            .await
+            .map_err(EngineError::Unavailable)?;
+        let records = entries
+            .into_iter()
+            .map(|e| (e.key.partition, decode_record((e.key.offset, e.body))))
+            .collect();
+        let group = group.clone();
+        self.ask(|reply| Command::Replay {
+            group,
+            records,
+            reply,
+        })
+        .await
+    }
+
+    /// Operator rewind (or skip) of one partition of a group; answers once durable.
+    pub async fn seek(
+        &self,
+        group: &GroupName,
+        partition: Partition,
+        offset: Offset,
+    ) -> Result<(), EngineError> {
+        let group = group.clone();
+        self.ask(|reply| Command::Seek {
+            group,
+            partition,
+            offset,
+            reply,
+        })
+        .await
+    }
+
+    /// Sets a topic's publish rate limit, durably.
+    pub async fn set_rate_limit(
+        &self,
+        topic: &TopicName,
+        rule: RateRule,
+    ) -> Result<(), EngineError> {
+        let now = Instant::now().duration_since(self.start).as_millis() as u64;
+        // Validate on a scratch limiter first so a bad rule changes nothing anywhere.
+        {
+            let limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
+            let mut scratch = limiter.clone();
+            scratch
+                .set_rule(now, topic.clone(), rule)
+                .map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        }
+        self.state
+            .put_rate_rule(topic.clone(), Some(rule))
+            .await
+            .map_err(EngineError::Unavailable)?;
+        let mut limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
+        limiter
+            .set_rule(now, topic.clone(), rule)
+            .map_err(|e| EngineError::BadRequest(e.to_string()))
+    }
+
+    pub fn rate_limits(&self) -> Vec<(TopicName, RateRule)> {
+        let limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
+        limiter.rules().map(|(t, r)| (t.clone(), r)).collect()
+    }
+
+    pub async fn metrics_snapshot(&self) -> Result<MetricsSnapshot, EngineError> {
+        self.ask(|reply| Command::Metrics { reply }).await
+    }
+
+    /// Stops taking requests, flushes progress, and waits until it is durable.
+    pub async fn shutdown(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Shutdown { reply }).await
+    }
+}

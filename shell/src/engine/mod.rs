@@ -1,0 +1,135 @@
+//! The engine: the async driver of the pure core. One task owns the `Mesh`; storage is
+//! reached through ports; the HTTP front holds an [`EngineHandle`].
+//!
+//! It uses tokio only through `madsim-tokio`, so the same engine runs under the madsim
+//! simulator with in-memory ports (see `ports::MemoryLog`, `state::MemoryStore`).
+
+mod handle;
+pub mod ports;
+mod task;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::{Arc, Mutex};
+
+use madsim_tokio as tokio;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use unimesh_core::{Mesh, MeshConfig, RateLimiter};
+
+pub use handle::{
+    ClientInfo, DlqItem, EngineError, EngineHandle, MetricsSnapshot, OffsetRow, PublishResult,
+    Settling, Shared, SubscriptionInfo,
+};
+pub use ports::{AppendError, BoxFut, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter};
+
+use task::{persist_writer, EngineTask};
+
+/// How the engine runs, beyond the core's own configuration.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub mesh: MeshConfig,
+    /// How long a fetch at the end of a partition waits at the log for new records.
+    pub fetch_wait_ms: u64,
+    /// About how many bytes one fetch reads.
+    pub fetch_max_bytes: usize,
+    /// Requests queued for the engine task before callers wait (back-pressure).
+    pub command_capacity: usize,
+    /// Most rate-limit rules.
+    pub max_rate_rules: usize,
+    /// How often retention runs (0: never).
+    pub retention_interval_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            mesh: MeshConfig::default(),
+            fetch_wait_ms: 1_000,
+            fetch_max_bytes: 4 << 20,
+            command_capacity: 4_096,
+            max_rate_rules: 10_000,
+            retention_interval_ms: 60_000,
+        }
+    }
+}
+
+/// Loads the state, builds the mesh (epoch + 1), assigns every recovered group its
+/// partitions, and starts the engine task and the persist writer.
+pub fn start(
+    config: EngineConfig,
+    log: Arc<dyn LogPort>,
+    state: Arc<dyn StatePort>,
+) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
+    let loaded = state.load().map_err(EngineError::Unavailable)?;
+    let mesh = Mesh::new(config.mesh.clone(), loaded.recovered, 0)
+        .map_err(|e| EngineError::Unavailable(format!("cannot recover: {e}")))?;
+    // Debug builds check every invariant after every input: cheap at test sizes, and a
+    // violation is a bug worth stopping for.
+    let mut mesh = mesh;
+    mesh.check_every_step = cfg!(debug_assertions);
+    let epoch = mesh.epoch();
+
+    let start = Instant::now();
+    let mut limiter = RateLimiter::new(config.max_rate_rules);
+    for (topic, rule) in loaded.rate_rules {
+        if let Err(e) = limiter.set_rule(0, topic.clone(), rule) {
+            tracing::warn!(%topic, error = %e, "stored rate rule ignored");
+        }
+    }
+    let shared = Arc::new(Shared::default());
+    shared.healthy.store(true, AtomicOrdering::Relaxed);
+
+    let (commands_tx, commands_rx) = mpsc::channel(config.command_capacity.max(1));
+    let (events_tx, events_rx) = mpsc::channel(config.command_capacity.max(1));
+    let (persist_tx, persist_rx) = mpsc::channel(64);
+
+    let mut task = EngineTask::new(
+        mesh,
+        log.clone(),
+        shared.clone(),
+        commands_rx,
+        persist_tx,
+        (events_tx.clone(), events_rx),
+        config.fetch_wait_ms,
+        config.fetch_max_bytes,
+    );
+    task.start = start;
+    task.assign_recovered()?;
+    tracing::info!(epoch, "engine started");
+
+    tokio::spawn(persist_writer(state.clone(), persist_rx, events_tx));
+    if config.retention_interval_ms > 0 {
+        let log = log.clone();
+        let every = std::time::Duration::from_millis(config.retention_interval_ms);
+        let alive = commands_tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if alive.is_closed() {
+                    break;
+                }
+                match log.enforce_retention(task::wall_ms()) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(partitions = n, "retention deleted old records"),
+                    Err(e) => tracing::warn!(error = %e, "retention failed"),
+                }
+            }
+        });
+    }
+    let join = tokio::spawn(task.run());
+    Ok((
+        EngineHandle {
+            commands: commands_tx,
+            log,
+            state,
+            limiter: Arc::new(Mutex::new(limiter)),
+            shared,
+            start,
+        },
+        join,
+    ))
+}

@@ -1,0 +1,388 @@
+//! The ports through which the engine reaches storage: the event log (the broker) and the
+//! state store. The engine sees only these traits, so a simulation can run it against
+//! in-memory ports with simulated time, faults and crashes.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use madsim_tokio as tokio;
+use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, TopicName};
+
+use crate::log::{AppendItem, EmbeddedLog, LogError, ReadResult};
+use crate::state::{DlqEntry, Loaded, StateStore, StoreError};
+
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a fetch found, before decoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogRead {
+    Records(Vec<(Offset, Bytes)>),
+    OutOfRange { earliest: Offset, end: Offset },
+    Failed(String),
+}
+
+/// Why a publish failed: the caller's fault (4xx) or the storage's (503).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppendError {
+    TooLarge(String),
+    Invalid(String),
+    Unavailable(String),
+}
+
+/// The broker as the engine uses it.
+pub trait LogPort: Send + Sync + 'static {
+    /// Up to `max` records (about `max_bytes`) from `from`. When `from` is the end, waits up
+    /// to `wait_ms` for new records before answering empty, so the engine can ask again at
+    /// once without spinning.
+    fn fetch(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        max_bytes: usize,
+        wait_ms: u64,
+    ) -> BoxFut<LogRead>;
+
+    /// Durably appends; answers (partition, offset) per item, in order.
+    fn append(
+        &self,
+        topic: TopicName,
+        items: Vec<AppendItem>,
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>>;
+
+    /// The partition count of a topic, creating it with the default count if needed.
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, String>;
+
+    /// The partition count of an existing topic.
+    fn partitions(&self, topic: &TopicName) -> Option<u32>;
+
+    /// (earliest, end) of a partition.
+    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String>;
+
+    /// Applies retention; returns how many partitions moved their earliest offset.
+    fn enforce_retention(&self, now_wall_ms: u64) -> Result<usize, String>;
+}
+
+/// The state store as the engine uses it.
+pub trait StatePort: Send + Sync + 'static {
+    fn load(&self) -> Result<Loaded, String>;
+    /// Applies a batch atomically and durably. Batches are handed over in ticket order and
+    /// one at a time, so the store sees them in order.
+    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>>;
+    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>>;
+    fn put_rate_rule(&self, topic: TopicName, rule: Option<RateRule>)
+        -> BoxFut<Result<(), String>>;
+}
+
+// ----- the embedded log -----
+
+impl LogPort for EmbeddedLog {
+    fn fetch(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        max_bytes: usize,
+        wait_ms: u64,
+    ) -> BoxFut<LogRead> {
+        let log = self.clone();
+        Box::pin(async move {
+            let read = {
+                let (log, topic) = (log.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || {
+                    log.read(&topic, partition, from, max, max_bytes)
+                })
+                .await
+            };
+            match read {
+                Ok(Ok(ReadResult::Records { records, .. })) if !records.is_empty() => {
+                    return LogRead::Records(records)
+                }
+                Ok(Ok(ReadResult::Records { .. })) => {}
+                Ok(Ok(ReadResult::OutOfRange { earliest, end })) => {
+                    return LogRead::OutOfRange { earliest, end }
+                }
+                Ok(Err(e)) => return LogRead::Failed(e.to_string()),
+                Err(e) => return LogRead::Failed(format!("read task failed: {e}")),
+            }
+            // At the end: park until the writer publishes a new end, or the wait is over.
+            let Ok(mut end) = log.watch_end(&topic, partition) else {
+                return LogRead::Records(Vec::new());
+            };
+            let waited = tokio::time::timeout(Duration::from_millis(wait_ms), async {
+                while *end.borrow_and_update() <= from {
+                    if end.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if waited.is_err() {
+                return LogRead::Records(Vec::new());
+            }
+            let read = tokio::task::spawn_blocking(move || {
+                log.read(&topic, partition, from, max, max_bytes)
+            })
+            .await;
+            match read {
+                Ok(Ok(ReadResult::Records { records, .. })) => LogRead::Records(records),
+                Ok(Ok(ReadResult::OutOfRange { earliest, end })) => {
+                    LogRead::OutOfRange { earliest, end }
+                }
+                Ok(Err(e)) => LogRead::Failed(e.to_string()),
+                Err(e) => LogRead::Failed(format!("read task failed: {e}")),
+            }
+        })
+    }
+
+    fn append(
+        &self,
+        topic: TopicName,
+        items: Vec<AppendItem>,
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            log.append(&topic, items).await.map_err(|e| match e {
+                LogError::RecordTooLarge { .. }
+                | LogError::AppendTooLarge { .. }
+                | LogError::TooManyRecords { .. } => AppendError::TooLarge(e.to_string()),
+                e if e.is_caller_error() => AppendError::Invalid(e.to_string()),
+                e => AppendError::Unavailable(e.to_string()),
+            })
+        })
+    }
+
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, String> {
+        EmbeddedLog::ensure_topic(self, topic)
+            .map(|t| t.partitions)
+            .map_err(|e| e.to_string())
+    }
+
+    fn partitions(&self, topic: &TopicName) -> Option<u32> {
+        self.topic(topic).map(|t| t.partitions)
+    }
+
+    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+        EmbeddedLog::offsets(self, topic, partition).map_err(|e| e.to_string())
+    }
+
+    fn enforce_retention(&self, now_wall_ms: u64) -> Result<usize, String> {
+        let report =
+            EmbeddedLog::enforce_retention(self, now_wall_ms).map_err(|e| e.to_string())?;
+        for (topic, partition, error) in &report.failed {
+            tracing::warn!(%topic, partition, %error, "retention failed for a partition");
+        }
+        Ok(report.truncated.len())
+    }
+}
+
+// ----- state stores -----
+
+/// Any [`StateStore`] as a port: blocking calls run on the blocking pool, one at a time.
+pub struct StoreAdapter {
+    store: Arc<Mutex<Box<dyn StateStore>>>,
+}
+
+impl StoreAdapter {
+    pub fn new(store: Box<dyn StateStore>) -> Self {
+        Self {
+            store: Arc::new(Mutex::new(store)),
+        }
+    }
+
+    fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn StateStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFut<Result<T, String>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                // A poisoned lock means a store call panicked; the store itself is still
+                // the one on disk, so carry on with it rather than wedge every caller.
+                let mut guard = store.lock().unwrap_or_else(|p| p.into_inner());
+                f(guard.as_mut()).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| format!("store task failed: {e}"))?
+        })
+    }
+}
+
+impl StatePort for StoreAdapter {
+    fn load(&self) -> Result<Loaded, String> {
+        let guard = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        guard.load().map_err(|e| e.to_string())
+    }
+
+    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+        self.blocking(move |s| s.apply(&batch, now_wall_ms))
+    }
+
+    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.blocking(move |s| s.dlq_list(&group, None, max))
+    }
+
+    fn put_rate_rule(
+        &self,
+        topic: TopicName,
+        rule: Option<RateRule>,
+    ) -> BoxFut<Result<(), String>> {
+        self.blocking(move |s| s.put_rate_rule(&topic, rule))
+    }
+}
+
+// ----- an in-memory log, for tests and simulation -----
+
+#[derive(Default)]
+struct MemTopic {
+    partitions: Vec<Vec<Bytes>>,
+    earliest: Vec<Offset>,
+}
+
+/// A log in memory: dense offsets, round-robin or keyed partitioning, no durability. Fetches
+/// at the end answer empty at once after a short sleep, so the engine does not spin.
+pub struct MemoryLog {
+    topics: Mutex<BTreeMap<TopicName, MemTopic>>,
+    default_partitions: u32,
+    notify: tokio::sync::Notify,
+    round_robin: std::sync::atomic::AtomicU32,
+}
+
+impl MemoryLog {
+    pub fn new(default_partitions: u32) -> Self {
+        Self {
+            topics: Mutex::new(BTreeMap::new()),
+            default_partitions: default_partitions.max(1),
+            notify: tokio::sync::Notify::new(),
+            round_robin: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    /// Drops everything below `earliest` (retention), for tests.
+    pub fn truncate_front(&self, topic: &TopicName, partition: Partition, earliest: Offset) {
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = topics.get_mut(topic) {
+            if let Some(e) = t.earliest.get_mut(partition as usize) {
+                *e = (*e).max(earliest);
+            }
+        }
+    }
+
+    fn read(&self, topic: &TopicName, partition: Partition, from: Offset, max: usize) -> LogRead {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = topics.get(topic) else {
+            return LogRead::Failed(format!("unknown topic {topic}"));
+        };
+        let Some(p) = t.partitions.get(partition as usize) else {
+            return LogRead::Failed(format!("unknown partition {partition}"));
+        };
+        let earliest = t.earliest[partition as usize];
+        let end = p.len() as Offset;
+        if from < earliest || from > end {
+            return LogRead::OutOfRange { earliest, end };
+        }
+        let hi = (from as usize).saturating_add(max).min(p.len());
+        LogRead::Records(
+            (from as usize..hi)
+                .map(|o| (o as Offset, p[o].clone()))
+                .collect(),
+        )
+    }
+}
+
+impl LogPort for Arc<MemoryLog> {
+    fn fetch(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        _max_bytes: usize,
+        wait_ms: u64,
+    ) -> BoxFut<LogRead> {
+        let log = self.clone();
+        Box::pin(async move {
+            let first = log.read(&topic, partition, from, max);
+            if !matches!(&first, LogRead::Records(r) if r.is_empty()) {
+                return first;
+            }
+            let notified = log.notify.notified();
+            let again = log.read(&topic, partition, from, max);
+            if !matches!(&again, LogRead::Records(r) if r.is_empty()) {
+                return again;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(wait_ms), notified).await;
+            log.read(&topic, partition, from, max)
+        })
+    }
+
+    fn append(
+        &self,
+        topic: TopicName,
+        items: Vec<AppendItem>,
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            let n = log.ensure_topic(&topic).map_err(AppendError::Unavailable)?;
+            let mut out = Vec::with_capacity(items.len());
+            {
+                let mut topics = log.topics.lock().unwrap_or_else(|p| p.into_inner());
+                let t = topics
+                    .get_mut(&topic)
+                    .ok_or_else(|| AppendError::Unavailable("topic vanished".into()))?;
+                for item in items {
+                    let p = match &item.key {
+                        Some(k) => crate::log::partition_for_key(k.as_bytes(), n),
+                        None => {
+                            log.round_robin
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                                % n
+                        }
+                    };
+                    let part = &mut t.partitions[p as usize];
+                    out.push((p, part.len() as Offset));
+                    part.push(item.value);
+                }
+            }
+            log.notify.notify_waiters();
+            Ok(out)
+        })
+    }
+
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, String> {
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.default_partitions;
+        let t = topics.entry(topic.clone()).or_insert_with(|| MemTopic {
+            partitions: vec![Vec::new(); n as usize],
+            earliest: vec![0; n as usize],
+        });
+        Ok(t.partitions.len() as u32)
+    }
+
+    fn partitions(&self, topic: &TopicName) -> Option<u32> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics.get(topic).map(|t| t.partitions.len() as u32)
+    }
+
+    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let t = topics
+            .get(topic)
+            .ok_or_else(|| format!("unknown topic {topic}"))?;
+        let p = t
+            .partitions
+            .get(partition as usize)
+            .ok_or_else(|| format!("unknown partition {partition}"))?;
+        Ok((t.earliest[partition as usize], p.len() as Offset))
+    }
+
+    fn enforce_retention(&self, _now_wall_ms: u64) -> Result<usize, String> {
+        Ok(0)
+    }
+}

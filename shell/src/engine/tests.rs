@@ -1,0 +1,331 @@
+//! The engine end to end in one process, on in-memory ports: what the HTTP front will see.
+
+use std::sync::Arc;
+
+use madsim_tokio as tokio;
+
+use http::HeaderMap;
+use unimesh_core::{
+    Backoff, ClientId, GroupName, RejectReason, Settle, StartFrom, SubscriptionSpec, TopicName,
+};
+
+use super::*;
+use crate::event::{parse_publish, PublishLimits};
+use crate::state::{MemoryDisk, MemoryStore};
+
+fn g(s: &str) -> GroupName {
+    GroupName::new(s).unwrap()
+}
+fn t(s: &str) -> TopicName {
+    TopicName::new(s).unwrap()
+}
+fn c(s: &str) -> ClientId {
+    ClientId::new(s).unwrap()
+}
+
+fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Event> {
+    let items: Vec<String> = (0..n)
+        .map(|i| {
+            let key = key.map_or(String::new(), |k| format!(",\"partitionkey\":\"{k}\""));
+            format!(
+                r#"{{"specversion":"1.0","id":"e{i}","source":"/test","type":"test.event"{key},"data":{{"n":{i}}}}}"#
+            )
+        })
+        .collect();
+    let body = format!("[{}]", items.join(","));
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "content-type",
+        "application/cloudevents-batch+json".parse().unwrap(),
+    );
+    parse_publish(&headers, body.as_bytes(), &PublishLimits::default()).unwrap()
+}
+
+struct Rig {
+    handle: EngineHandle,
+    log: Arc<MemoryLog>,
+    disk: MemoryDisk,
+}
+
+fn config() -> EngineConfig {
+    let mut cfg = EngineConfig {
+        fetch_wait_ms: 50,
+        retention_interval_ms: 0,
+        ..EngineConfig::default()
+    };
+    cfg.mesh.flush_interval_ms = 5;
+    cfg
+}
+
+fn boot(log: Arc<MemoryLog>, disk: MemoryDisk) -> Rig {
+    let state = Arc::new(StoreAdapter::new(Box::new(MemoryStore::open(disk.clone()))));
+    let (handle, _join) = start(config(), Arc::new(log.clone()), state).unwrap();
+    Rig { handle, log, disk }
+}
+
+fn fresh() -> Rig {
+    boot(Arc::new(MemoryLog::new(2)), MemoryDisk::new())
+}
+
+async fn ready(rig: &Rig) {
+    for _ in 0..200 {
+        if rig.handle.is_ready() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("engine never became ready");
+}
+
+fn spec(group: &str, topic: &str) -> SubscriptionSpec {
+    SubscriptionSpec::new(g(group), t(topic))
+}
+
+/// Polls until `n` deliveries arrived (or the attempts run out).
+async fn take(rig: &Rig, group: &str, client: &str, n: usize) -> Vec<unimesh_core::Delivery> {
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        let more = rig
+            .handle
+            .poll(&g(group), &c(client), (n - got.len()) as u32, 200)
+            .await
+            .unwrap();
+        got.extend(more);
+        if got.len() >= n {
+            break;
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn publish_poll_ack_round_trip() {
+    let rig = fresh();
+    ready(&rig).await;
+    assert!(rig.handle.subscribe(spec("g", "orders")).await.unwrap());
+    let placed = rig
+        .handle
+        .publish(&t("orders"), events(5, None))
+        .await
+        .unwrap();
+    assert_eq!(placed.len(), 5);
+    assert_eq!(placed[0].id, "e0");
+    let got = take(&rig, "g", "c1", 5).await;
+    assert_eq!(got.len(), 5);
+    let ids: Vec<_> = got.iter().map(|d| d.id).collect();
+    let settled = rig
+        .handle
+        .settle(&g("g"), Settling::Ack, ids)
+        .await
+        .unwrap();
+    assert!(settled.iter().all(|s| *s == Settle::Accepted));
+    let info = rig.handle.subscription(&g("g")).await.unwrap();
+    let done: u64 = info.lanes.iter().map(|l| l.watermark).sum();
+    assert_eq!(done, 5);
+    assert!(info.lanes.iter().all(|l| l.lag == 0));
+}
+
+#[tokio::test]
+async fn a_waiting_poll_wakes_on_publish_and_an_idle_one_times_out_empty() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(spec("g", "orders")).await.unwrap();
+    let empty = rig.handle.poll(&g("g"), &c("c"), 10, 30).await.unwrap();
+    assert!(empty.is_empty());
+    let h = rig.handle.clone();
+    let waiting = tokio::spawn(async move { h.poll(&g("g"), &c("c"), 10, 5_000).await });
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    rig.handle
+        .publish(&t("orders"), events(1, None))
+        .await
+        .unwrap();
+    let got = waiting.await.unwrap().unwrap();
+    assert_eq!(got.len(), 1);
+}
+
+#[tokio::test]
+async fn two_groups_each_get_everything_and_two_clients_share_one_group() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(spec("a", "t")).await.unwrap();
+    rig.handle.subscribe(spec("b", "t")).await.unwrap();
+    rig.handle.publish(&t("t"), events(6, None)).await.unwrap();
+    assert_eq!(take(&rig, "a", "x", 6).await.len(), 6);
+    let first = rig.handle.poll(&g("b"), &c("y1"), 3, 500).await.unwrap();
+    let second = take(&rig, "b", "y2", 6 - first.len()).await;
+    assert_eq!(first.len() + second.len(), 6);
+    let mut offsets: Vec<_> = first
+        .iter()
+        .chain(&second)
+        .map(|d| (d.partition, d.record.offset))
+        .collect();
+    offsets.sort();
+    offsets.dedup();
+    assert_eq!(
+        offsets.len(),
+        6,
+        "clients of one group never share a record"
+    );
+}
+
+#[tokio::test]
+async fn restart_keeps_progress_rejects_stale_acks_and_redelivers_in_flight() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(spec("g", "t")).await.unwrap();
+    rig.handle
+        .publish(&t("t"), events(4, Some("k")))
+        .await
+        .unwrap();
+    let got = take(&rig, "g", "c", 4).await;
+    assert_eq!(got.len(), 4);
+    let (acked, held) = got.split_at(2);
+    rig.handle
+        .settle(&g("g"), Settling::Ack, acked.iter().map(|d| d.id).collect())
+        .await
+        .unwrap();
+    rig.handle.shutdown().await.unwrap();
+
+    let rig = boot(rig.log.clone(), rig.disk.clone());
+    ready(&rig).await;
+    let again = take(&rig, "g", "c", 2).await;
+    let mut offsets: Vec<_> = again.iter().map(|d| d.record.offset).collect();
+    offsets.sort();
+    let mut want: Vec<_> = held.iter().map(|d| d.record.offset).collect();
+    want.sort();
+    assert_eq!(offsets, want, "only what was in flight comes again");
+    let stale = rig
+        .handle
+        .settle(&g("g"), Settling::Ack, vec![held[0].id])
+        .await
+        .unwrap();
+    assert_eq!(stale, vec![Settle::Rejected(RejectReason::Stale)]);
+}
+
+#[tokio::test]
+async fn nack_dead_letters_after_max_attempts_and_replay_brings_it_back() {
+    let rig = fresh();
+    ready(&rig).await;
+    let mut s = spec("g", "t");
+    s.max_attempts = 2;
+    s.backoff = Backoff {
+        initial_ms: 0,
+        max_ms: 0,
+        multiplier: 1.0,
+    };
+    rig.handle.subscribe(s).await.unwrap();
+    rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
+    for attempt in 1..=2 {
+        let d = take(&rig, "g", "c", 1).await;
+        assert_eq!(d[0].attempt, attempt);
+        rig.handle
+            .settle(&g("g"), Settling::Nack { delay_ms: Some(0) }, vec![d[0].id])
+            .await
+            .unwrap();
+    }
+    let mut dlq = Vec::new();
+    for _ in 0..100 {
+        dlq = rig.handle.dlq(&g("g"), 10).await.unwrap();
+        if !dlq.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].reason, "nacked");
+    assert_eq!(dlq[0].attempts, 2);
+    assert_eq!(rig.handle.dlq_replay(&g("g"), 10).await.unwrap(), 1);
+    assert_eq!(
+        rig.handle.dlq_replay(&g("g"), 10).await.unwrap(),
+        0,
+        "an entry already in replay is not replayed twice"
+    );
+    let d = take(&rig, "g", "c", 1).await;
+    assert_eq!(d[0].attempt, 1);
+    rig.handle
+        .settle(&g("g"), Settling::Ack, vec![d[0].id])
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if rig.handle.dlq(&g("g"), 10).await.unwrap().is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the replayed entry never left the DLQ");
+}
+
+#[tokio::test]
+async fn latest_start_skips_earlier_events() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.publish(&t("t"), events(3, None)).await.unwrap();
+    let mut s = spec("g", "t");
+    s.start_from = StartFrom::Latest(Default::default());
+    rig.handle.subscribe(s).await.unwrap();
+    let placed = rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
+    let d = take(&rig, "g", "c", 1).await;
+    assert_eq!(
+        (d[0].partition, d[0].record.offset),
+        (placed[0].partition, placed[0].offset)
+    );
+    let none = rig.handle.poll(&g("g"), &c("c"), 10, 50).await.unwrap();
+    assert!(none.is_empty());
+}
+
+#[tokio::test]
+async fn unknown_group_and_topic_are_reported() {
+    let rig = fresh();
+    ready(&rig).await;
+    assert_eq!(
+        rig.handle
+            .poll(&g("nope"), &c("c"), 1, 0)
+            .await
+            .unwrap_err(),
+        EngineError::UnknownGroup(g("nope"))
+    );
+    assert_eq!(
+        rig.handle.offsets(&t("nope")).await.unwrap_err(),
+        EngineError::UnknownTopic(t("nope"))
+    );
+    rig.handle.subscribe(spec("g", "t")).await.unwrap();
+    rig.handle.unsubscribe(&g("g")).await.unwrap();
+    assert!(matches!(
+        rig.handle.subscription(&g("g")).await,
+        Err(EngineError::UnknownGroup(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_failing_store_answers_unavailable_and_recovers() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.disk.fail_next_commits(1);
+    let r = rig.handle.subscribe(spec("g", "t")).await;
+    assert!(matches!(r, Err(EngineError::Unavailable(_))), "{r:?}");
+    // The group exists in memory and is retried; a second PUT is idempotent and succeeds.
+    assert!(!rig.handle.subscribe(spec("g", "t")).await.unwrap());
+    rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
+    assert_eq!(take(&rig, "g", "c", 1).await.len(), 1);
+}
+
+#[tokio::test]
+async fn rate_limit_refuses_over_the_rate() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle
+        .set_rate_limit(
+            &t("t"),
+            unimesh_core::RateRule {
+                events_per_second: 1,
+                burst: 2,
+            },
+        )
+        .await
+        .unwrap();
+    rig.handle.publish(&t("t"), events(2, None)).await.unwrap();
+    let r = rig.handle.publish(&t("t"), events(1, None)).await;
+    assert!(matches!(r, Err(EngineError::RateLimited { retry_after_ms }) if retry_after_ms > 0));
+    let r = rig.handle.publish(&t("t"), events(3, None)).await;
+    assert!(matches!(r, Err(EngineError::TooLarge(_))));
+}
