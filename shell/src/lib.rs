@@ -1,7 +1,3 @@
-pub mod config;
-pub mod engine;
-pub mod event;
-pub mod http;
+
 pub mod log;
-pub mod spec_json;
-pub mod state;
+pub mod event;
