@@ -1,3 +1,7 @@
-
-pub mod log;
+pub mod config;
+pub mod engine;
 pub mod event;
+pub mod http;
+pub mod log;
+pub mod spec_json;
+pub mod state;
