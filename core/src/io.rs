@@ -205,7 +205,8 @@ pub struct PersistBatch {
     pub subscriptions: Vec<SubscriptionSpec>,
     /// Full lane states, each replacing the previous one for its (group, partition).
     pub checkpoints: Vec<LaneCheckpoint>,
-    /// DLQ ledger entries, keyed by (group, partition, offset): writing one twice is a no-op.
+    /// DLQ ledger entries, keyed by (group, partition, offset): one entry per (group,
+    /// record); writing the key again (a replay that failed again) replaces it.
     pub dead_letters: Vec<DeadLetter>,
     /// DLQ entries whose replay was ACKed: delete them.
     pub dlq_resolved: Vec<DlqKey>,
