@@ -17,7 +17,12 @@ pub(crate) struct Client {
     /// ACK timeouts (upstream #5282) without an index updated on every delivery.
     pub in_flight: u32,
     pub last_active_ms: Millis,
-    /// When the client will be forgotten if it stays without credit and deliveries.
+    /// When the client will be forgotten if it stays without credit and deliveries; `None`
+    /// while it has either.
+    pub idle_at: Option<Millis>,
+    /// When its `ClientIdle` timer is due: at or before `idle_at`. The timer is armed once
+    /// and left alone while the client goes busy and idle again (every cycle for a client
+    /// taking one record at a time); when it fires early it moves to `idle_at`.
     pub idle_deadline: Option<Millis>,
 }
 

@@ -492,6 +492,7 @@ impl Mesh {
                     credit: 0,
                     in_flight: 0,
                     last_active_ms: self.cx.now,
+                    idle_at: None,
                     idle_deadline: None,
                 };
                 let slot = match group.free_clients.pop() {
@@ -833,8 +834,18 @@ impl Mesh {
                     if let Some(gr) = self.groups.get_mut(group as usize).and_then(Option::as_mut) {
                         if let Some(Some(c)) = gr.clients.get_mut(client as usize) {
                             c.idle_deadline = None;
+                            match c.idle_at {
+                                Some(t) if t <= at => {
+                                    remove_client(&mut self.cx, group, gr, client)
+                                }
+                                Some(t) => {
+                                    // Busy in between and idle again since: not yet.
+                                    c.idle_deadline = Some(t);
+                                    self.cx.timers.insert((t, timer));
+                                }
+                                None => {}
+                            }
                         }
-                        remove_client(&mut self.cx, group, gr, client);
                     }
                 }
                 Timer::FetchRetry { group, partition } => {
@@ -1339,6 +1350,14 @@ impl Mesh {
                 if group.ready_clients.contains(&(c.in_flight, slot)) != ready {
                     return Err(format!("{name}/{}: ready-client set disagrees", c.id));
                 }
+                if c.idle_at.is_some() != (c.credit == 0 && c.in_flight == 0) {
+                    return Err(format!("{name}/{}: idle state disagrees", c.id));
+                }
+                if c.idle_at
+                    .is_some_and(|t| c.idle_deadline.is_none_or(|d| d > t))
+                {
+                    return Err(format!("{name}/{}: idle timer missing or late", c.id));
+                }
                 if let Some(t) = c.idle_deadline {
                     live_timers.insert((
                         t,
@@ -1728,25 +1747,30 @@ fn unhold(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     refresh_idle(cx, g, group, slot);
 }
 
-/// Arms or disarms a client's idle timer: only a client with no credit and nothing in
-/// flight can be forgotten.
+/// Sets when a client will be forgotten: only a client with no credit and nothing in
+/// flight can be. Its timer is armed if none is (an armed one is never later: `idle_at`
+/// only grows, as time does) and otherwise left to fire early and move on.
 fn refresh_idle(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     let timeout = cx.config.client_idle_timeout_ms;
     let now = cx.now;
     let Some(Some(c)) = group.clients.get_mut(slot as usize) else {
         return;
     };
-    let key = Timer::ClientIdle {
-        group: g,
-        client: slot,
-    };
-    if let Some(t) = c.idle_deadline.take() {
-        cx.timers.remove(&(t, key));
-    }
     if c.credit == 0 && c.in_flight == 0 {
         let t = now.max(c.last_active_ms) + timeout;
-        c.idle_deadline = Some(t);
-        cx.timers.insert((t, key));
+        c.idle_at = Some(t);
+        if c.idle_deadline.is_none() {
+            c.idle_deadline = Some(t);
+            cx.timers.insert((
+                t,
+                Timer::ClientIdle {
+                    group: g,
+                    client: slot,
+                },
+            ));
+        }
+    } else {
+        c.idle_at = None;
     }
 }
 

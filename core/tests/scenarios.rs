@@ -1126,3 +1126,23 @@ fn a_departing_client_hands_back_extended_deliveries_too() {
     again.sort_unstable();
     assert_eq!(again, vec![(0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2)]);
 }
+
+#[test]
+fn an_idle_client_is_forgotten_a_full_timeout_after_it_last_went_idle() {
+    let mut config = World::small_config();
+    config.client_idle_timeout_ms = 1_000;
+    let mut w = World::new(config);
+    w.topic("t", 1);
+    w.subscribe(w.spec("g", "t"));
+    w.poll("g", "a", 0);
+    w.advance(400);
+    // Busy for a while, then idle again at 700: forgotten at 1 700, not at 1 000.
+    w.publish("t", 0, "a", None);
+    let d = w.poll("g", "a", 1);
+    w.advance(300);
+    assert_eq!(w.ack("g", &[d[0].id]), vec![Settle::Accepted]);
+    w.advance(999);
+    assert_eq!(w.view("g").clients.len(), 1);
+    w.advance(1);
+    assert!(w.view("g").clients.is_empty());
+}
