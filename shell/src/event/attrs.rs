@@ -209,9 +209,9 @@ impl Draft {
                 ))
             }
         };
-        if self.extensions.iter().any(|(k, _)| k == name) {
-            return Err(self.err(name, "appears more than once"));
-        }
+        // No duplicate check here: callers hand each name once (JSON members are refused
+        // when repeated, `HeaderMap::keys` yields a name once), and a scan per extension
+        // would be quadratic in a hostile event with thousands of them.
         self.extensions.push((name.to_owned(), v));
         Ok(())
     }
