@@ -139,6 +139,18 @@ mod tests {
     }
 
     #[test]
+    fn partitionkey_is_an_extension_to_filters() {
+        let mut m = meta();
+        m.partition_key = Some("cust-7".into());
+        let f = |v: &str| Filter {
+            extensions: vec![("partitionkey".into(), v.into())],
+            ..Default::default()
+        };
+        assert!(f("cust-7").matches(&m));
+        assert!(!f("cust-8").matches(&m));
+    }
+
+    #[test]
     fn subject_conditions_reject_events_without_subject() {
         let mut m = meta();
         m.subject = None;

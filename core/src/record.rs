@@ -22,7 +22,12 @@ pub struct EventMeta {
 }
 
 impl EventMeta {
+    /// An extension attribute by name. `partitionkey` is kept apart (it drives key order)
+    /// but is an extension like any other to a filter.
     pub fn extension(&self, name: &str) -> Option<&str> {
+        if name == "partitionkey" {
+            return self.partition_key.as_deref();
+        }
         self.extensions
             .binary_search_by(|(k, _)| k.as_str().cmp(name))
             .ok()
