@@ -1,1 +1,301 @@
-fn main() {}
+//! `unimesh`: the event mesh binary.
+//!
+//! `unimesh serve` (also plain `unimesh`) runs the mesh on the embedded default: data in
+//! `./data`, traffic API on 127.0.0.1:8080, admin API on 127.0.0.1:8081. Configuration comes
+//! from flags, `UNIMESH_*` environment variables and a TOML file (see `config.rs`).
+//! SIGINT or SIGTERM stops it gracefully: no new connections, open requests get the grace
+//! period, the engine flushes its progress; a second signal exits at once.
+
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use unimesh_shell::config::{self, Config, Overrides, StateBackend, ENV_PREFIX};
+use unimesh_shell::engine::{self, LogPort, StatePort, StoreAdapter};
+use unimesh_shell::http::{App, Server};
+use unimesh_shell::log::EmbeddedLog;
+use unimesh_shell::state::{MemoryDisk, MemoryStore, RocksStore, SledStore, StateStore};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "unimesh",
+    version,
+    about = "An event mesh: CloudEvents in, at-least-once delivery out."
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// `unimesh` alone is `unimesh serve`, so its flags are accepted here too.
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the mesh (the default).
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug, Default, Clone)]
+struct ServeArgs {
+    /// Traffic listener, IP:PORT (env UNIMESH_HTTP; default 127.0.0.1:8080).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// Admin listener, IP:PORT (env UNIMESH_ADMIN; default 127.0.0.1:8081).
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
+    /// Data directory (env UNIMESH_DATA; default ./data).
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// TOML configuration file (env UNIMESH_CONFIG).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Command::Serve(args)) => args,
+        None => cli.serve,
+    };
+    let env = match environment() {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("unimesh: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let overrides = Overrides {
+        config: args.config,
+        http: args.http,
+        admin: args.admin,
+        data: args.data,
+    };
+    let loaded = match config::load(&overrides, env) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("unimesh: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&loaded.config.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("unimesh")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(loaded)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The `UNIMESH_*` variables. One that is not UTF-8 is an error rather than silently unset.
+fn environment() -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if !k.starts_with(ENV_PREFIX) {
+            continue;
+        }
+        let v = v
+            .into_string()
+            .map_err(|_| format!("environment variable {k} is not valid UTF-8"))?;
+        out.push((k.to_owned(), v));
+    }
+    Ok(out)
+}
+
+fn init_tracing(filter: &str) {
+    // `Config::validate` already parsed the filter; fall back to `info` if it somehow fails.
+    let filter = EnvFilter::builder()
+        .parse(filter)
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+async fn serve(loaded: config::Loaded) -> Result<(), String> {
+    let cfg = loaded.config;
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "unimesh starting");
+    match &loaded.file {
+        Some(f) => tracing::info!(file = %f.display(), "configuration file read"),
+        None => {
+            tracing::info!("no configuration file; defaults, UNIMESH_* variables and flags apply")
+        }
+    }
+    for name in &loaded.unknown_env {
+        tracing::warn!(variable = %name, "ignoring unknown UNIMESH_* environment variable");
+    }
+
+    std::fs::create_dir_all(&cfg.data)
+        .map_err(|e| format!("cannot create data directory {}: {e}", cfg.data.display()))?;
+    let data = cfg.data.canonicalize().unwrap_or_else(|_| cfg.data.clone());
+
+    // Bind before opening storage: a port in use fails fast and touches nothing.
+    let server = Server::bind(cfg.http, cfg.admin, cfg.server.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
+    let admin = server.admin_addr().map_err(|e| e.to_string())?;
+
+    let log_cfg = cfg.log_config();
+    let log = EmbeddedLog::open(log_cfg.clone()).map_err(|e| {
+        format!(
+            "cannot open the event log in {}: {e}",
+            log_cfg.dir.display()
+        )
+    })?;
+    let state = open_state(&cfg)?;
+    tracing::info!(
+        data = %data.display(),
+        storage = %cfg.storage.backend,
+        log = %display_under(&data, &log_cfg.dir),
+        state = %cfg.state.backend,
+        state_dir = %cfg.state_dir().map_or_else(|| "(in memory: nothing survives a restart)".to_owned(), |d| display_under(&data, &d)),
+        partitions_per_new_topic = cfg.storage.default_partitions,
+        "data directory {}", data.display()
+    );
+    if cfg.state.backend == StateBackend::Memory {
+        tracing::warn!("state backend is `memory`: subscriptions and progress are lost at exit");
+    }
+
+    let log_port: Arc<dyn LogPort> = Arc::new(log);
+    let state_port: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(state));
+    let (engine, engine_task) = engine::start(cfg.engine_config(), log_port, state_port)
+        .map_err(|e| format!("cannot start the engine: {e}"))?;
+
+    tracing::info!(addr = %traffic, "traffic API listening on http://{traffic}");
+    tracing::info!(addr = %admin, "admin API listening on http://{admin} (metrics at /metrics)");
+
+    {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            // Readiness is the engine's to decide (epoch durable); say when it is reached.
+            while !engine.is_ready() && engine.is_healthy() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if engine.is_ready() {
+                tracing::info!("ready");
+            }
+        });
+    }
+
+    let app = Arc::new(App::new(engine.clone(), &cfg));
+    let mut engine_task = engine_task;
+    let mut engine_ended = false;
+    let stop = async {
+        tokio::select! {
+            signal = stop_signal() => tracing::info!("{signal} received: shutting down"),
+            r = &mut engine_task => {
+                engine_ended = true;
+                tracing::error!(result = ?r.err(), "the engine task ended unexpectedly: shutting down");
+            }
+        }
+    };
+    let draining = server.run(app, stop).await;
+    tokio::spawn(async {
+        let signal = stop_signal().await;
+        tracing::warn!("{signal} received again: exiting without waiting");
+        std::process::exit(130);
+    });
+
+    tracing::info!(
+        open_connections = draining.open(),
+        grace_ms = cfg.server.shutdown_grace_ms,
+        "no longer accepting connections; finishing open requests"
+    );
+    let connections = tokio::spawn(draining.finish());
+    match engine.shutdown().await {
+        Ok(()) => tracing::info!("engine flushed its progress"),
+        Err(e) => tracing::warn!(error = %e, "engine shutdown"),
+    }
+    match connections.await {
+        Ok(0) | Err(_) => {}
+        Ok(cut) => tracing::warn!(
+            connections = cut,
+            "connections still open after the grace period were closed"
+        ),
+    }
+    if !engine_ended {
+        let grace = Duration::from_millis(cfg.server.shutdown_grace_ms);
+        if tokio::time::timeout(grace, engine_task).await.is_err() {
+            tracing::warn!("the engine task did not stop within the grace period");
+        }
+    }
+    tracing::info!("stopped");
+    if engine_ended {
+        return Err("stopped because the engine task ended".into());
+    }
+    Ok(())
+}
+
+fn open_state(cfg: &Config) -> Result<Box<dyn StateStore>, String> {
+    let dir = cfg.state_dir();
+    let opened: Result<Box<dyn StateStore>, String> = match (cfg.state.backend, &dir) {
+        (StateBackend::Rocksdb, Some(dir)) => RocksStore::open(dir)
+            .map(|s| Box::new(s) as Box<dyn StateStore>)
+            .map_err(|e| e.to_string()),
+        (StateBackend::Sled, Some(dir)) => SledStore::open(dir)
+            .map(|s| Box::new(s) as Box<dyn StateStore>)
+            .map_err(|e| e.to_string()),
+        _ => Ok(Box::new(MemoryStore::open(MemoryDisk::new()))),
+    };
+    opened.map_err(|e| {
+        format!(
+            "cannot open the {} state store{}: {e}",
+            cfg.state.backend,
+            dir.map(|d| format!(" in {}", d.display()))
+                .unwrap_or_default()
+        )
+    })
+}
+
+fn display_under(root: &Path, path: &Path) -> String {
+    let absolute = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    match absolute.strip_prefix(root) {
+        Ok(rel) => format!("<data>/{}", rel.display()),
+        Err(_) => absolute.display().to_string(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM, naming it.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the mesh");
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
+}

@@ -1,0 +1,1166 @@
+//! Configuration of `unimesh serve`: defaults, a TOML file, `UNIMESH_*` environment variables
+//! and command-line flags, in that order of increasing precedence (flag > env > file >
+//! default).
+//!
+//! Every setting has a default, so `unimesh serve` runs with none. The file uses the same
+//! names as [`Config`]'s fields:
+//!
+//! ```toml
+//! data = "./data"
+//! http = "127.0.0.1:8080"
+//! admin = "127.0.0.1:8081"
+//! log = "info"
+//!
+//! [limits]
+//! max_poll_events = 1000
+//!
+//! [storage]
+//! default_partitions = 4
+//!
+//! [state]
+//! backend = "rocksdb"   # or "sled", "memory"
+//!
+//! [mesh]
+//! max_groups = 10000
+//! ```
+//!
+//! Every key also has an environment variable: `UNIMESH_` and its dotted path in upper case
+//! with `_` for `.` (`UNIMESH_HTTP`, `UNIMESH_DATA`, `UNIMESH_LIMITS_MAX_POLL_EVENTS`,
+//! `UNIMESH_STATE_BACKEND`). `UNIMESH_CONFIG` names the file when `--config` does not.
+//!
+//! How the layers are merged: the defaults are turned into a TOML table; the file's table is
+//! laid over it key by key, refusing keys the defaults do not have (the error names the key)
+//! and values of the wrong type; environment variables and flags are parsed with the type of
+//! the default they replace; the result is deserialised into [`Config`] and checked by
+//! [`Config::validate`]. So the file, the environment and the defaults can never disagree on
+//! what keys exist.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+use unimesh_core::{MeshConfig, SubscriptionLimits};
+
+use crate::event::PublishLimits;
+
+/// Prefix of every environment variable read as configuration.
+pub const ENV_PREFIX: &str = "UNIMESH_";
+
+/// The environment variable naming the configuration file.
+pub const ENV_CONFIG_FILE: &str = "UNIMESH_CONFIG";
+
+/// `UNIMESH_*` variables that other parts of the project read (the simulation harness); they
+/// are not configuration keys and are not reported as unknown.
+const ENV_NOT_CONFIG: &[&str] = &[ENV_CONFIG_FILE, "UNIMESH_SEED", "UNIMESH_NO_CORE_CHECK"];
+
+/// Hard ceiling on one poll: the delivery JSON of a poll is built in memory.
+pub const POLL_EVENTS_HARD_MAX: u32 = 100_000;
+
+/// Hard ceiling on a long-poll's wait, so a connection is never parked for hours.
+pub const WAIT_MS_HARD_MAX: u64 = 3_600_000;
+
+/// The whole configuration of one `unimesh serve` process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Directory of every durable file (log, state store). Created if missing.
+    pub data: PathBuf,
+    /// Traffic listener (publish, subscribe, poll, ACK).
+    pub http: SocketAddr,
+    /// Admin listener (metrics, health, operator endpoints). Keep it off public interfaces.
+    pub admin: SocketAddr,
+    /// Log filter in `tracing-subscriber` `EnvFilter` syntax (`info`, `unimesh_shell=debug`).
+    pub log: String,
+    pub limits: Limits,
+    pub server: Server,
+    pub storage: Storage,
+    pub state: State,
+    pub engine: Engine,
+    pub mesh: Mesh,
+}
+
+/// Bounds on what one HTTP request may ask for. Every one is checked before work is done.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Body of a publish request (all its events), in bytes.
+    pub max_request_bytes: usize,
+    /// One event (its JSON, or body plus `ce-*` headers in binary mode), in bytes.
+    pub max_event_bytes: usize,
+    /// Events in one batch publish.
+    pub max_batch_events: usize,
+    /// Body of every other JSON request (subscription, ACK, admin), in bytes.
+    pub max_json_bytes: usize,
+    /// Delivery ids in one ACK, NACK or extend request.
+    pub max_ids_per_request: usize,
+    /// Largest `max` of a long-poll.
+    pub max_poll_events: u32,
+    /// `max` of a long-poll that does not give one.
+    pub default_poll_events: u32,
+    /// Largest `waitMs` of a long-poll.
+    pub max_wait_ms: u64,
+    /// `waitMs` of a long-poll that does not give one. Not zero by default: right after a
+    /// publish the engine may still be fetching the record, and a zero wait would answer an
+    /// empty array to a newcomer's first poll.
+    pub default_wait_ms: u64,
+    /// Largest `max` of a DLQ browse or replay.
+    pub max_dlq_page: usize,
+    /// `max` of a DLQ browse or replay that does not give one.
+    pub default_dlq_page: usize,
+    /// Bytes of an oversized body read and thrown away before answering 413, so a client
+    /// still writing its body reads the answer instead of a connection reset. Never buffered.
+    pub drain_bytes: u64,
+}
+
+/// The HTTP servers themselves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    /// Open connections per listener; accepting waits at the limit.
+    pub max_connections: usize,
+    /// After SIGINT/SIGTERM: how long open requests (long-polls included) may take to finish
+    /// before their connections are closed and the engine is flushed and stopped.
+    pub shutdown_grace_ms: u64,
+    /// A client must send its request headers within this time.
+    pub header_read_timeout_ms: u64,
+}
+
+/// Storage of the events (the broker).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Storage {
+    pub backend: StorageBackend,
+    /// Partitions of a topic created by its first publish.
+    pub default_partitions: u32,
+    /// Largest partition count of a topic.
+    pub max_partitions: u32,
+    /// Most topics.
+    pub max_topics: usize,
+    /// Largest stored record, in bytes. The stored form of an event can be up to a third
+    /// larger than what was published (binary data kept as base64), so this must leave that
+    /// room above `limits.max_event_bytes`.
+    pub max_record_bytes: usize,
+    /// Payload bytes gathered into one synced write.
+    pub max_batch_bytes: usize,
+    /// Appends waiting for the log writer; publishers wait beyond it (back-pressure).
+    pub queue_capacity: usize,
+    /// Records older than this are deleted; 0 keeps them forever.
+    pub retention_ms: u64,
+    /// A partition's oldest records are deleted while it holds more; 0 means no size limit.
+    pub retention_bytes_per_partition: u64,
+    /// How often retention is enforced.
+    pub retention_check_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageBackend {
+    /// A partitioned durable log on RocksDB inside `data`.
+    Embedded,
+}
+
+/// The state store (epoch, progress, attempt ledger, subscriptions, DLQ ledger).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    pub backend: StateBackend,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateBackend {
+    /// RocksDB in `data/state` (the default).
+    Rocksdb,
+    /// sled (pure Rust) in `data/state-sled`.
+    Sled,
+    /// In memory: everything is forgotten at exit. For tests and demos only.
+    Memory,
+}
+
+/// The engine task around the core.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Engine {
+    /// How long a fetch at the end of a partition waits at the log for new records.
+    pub fetch_wait_ms: u64,
+    /// About how many bytes one fetch reads.
+    pub fetch_max_bytes: usize,
+    /// Requests queued for the engine task before callers wait (back-pressure).
+    pub command_capacity: usize,
+    /// Most per-topic rate-limit rules.
+    pub max_rate_rules: usize,
+}
+
+/// The core's knobs ([`MeshConfig`]), with the per-subscription limits flattened in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mesh {
+    pub max_groups: usize,
+    pub max_clients_per_group: usize,
+    pub max_partitions_per_group: usize,
+    pub max_window_per_lane: usize,
+    pub max_ack_ranges_per_lane: usize,
+    pub fetch_batch: usize,
+    pub fetch_retry_ms: u64,
+    pub flush_interval_ms: u64,
+    pub max_outstanding_persists: usize,
+    pub delivery_reserve: u64,
+    pub client_idle_timeout_ms: u64,
+    pub max_replay_per_group: usize,
+    /// Largest `ackTimeoutMs` a subscription may ask for.
+    pub max_ack_timeout_ms: u64,
+    /// Largest `maxAttempts` a subscription may ask for.
+    pub max_attempts: u32,
+    /// Largest `maxInFlightPerClient` a subscription may ask for.
+    pub max_in_flight_per_client: u32,
+    /// Largest `backoff.maxMs` a subscription may ask for.
+    pub max_backoff_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data: PathBuf::from("./data"),
+            http: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            log: "info".to_owned(),
+            limits: Limits::default(),
+            server: Server::default(),
+            storage: Storage::default(),
+            state: State {
+                backend: StateBackend::Rocksdb,
+            },
+            engine: Engine::from(&crate::engine::EngineConfig::default()),
+            mesh: Mesh::from(&MeshConfig::default()),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let publish = PublishLimits::default();
+        Self {
+            max_request_bytes: publish.max_request_bytes,
+            max_event_bytes: publish.max_event_bytes,
+            max_batch_events: publish.max_batch_events,
+            max_json_bytes: 1 << 20,
+            max_ids_per_request: 1_000,
+            max_poll_events: 1_000,
+            default_poll_events: 10,
+            max_wait_ms: 60_000,
+            default_wait_ms: 1_000,
+            max_dlq_page: 1_000,
+            default_dlq_page: 100,
+            drain_bytes: 64 << 20,
+        }
+    }
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            shutdown_grace_ms: 10_000,
+            header_read_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Self {
+            backend: StorageBackend::Embedded,
+            default_partitions: 4,
+            max_partitions: 1_024,
+            max_topics: 10_000,
+            max_record_bytes: 2 << 20,
+            max_batch_bytes: 16 << 20,
+            queue_capacity: 1_024,
+            retention_ms: 0,
+            retention_bytes_per_partition: 0,
+            retention_check_ms: 60_000,
+        }
+    }
+}
+
+impl From<&crate::engine::EngineConfig> for Engine {
+    fn from(c: &crate::engine::EngineConfig) -> Self {
+        Self {
+            fetch_wait_ms: c.fetch_wait_ms,
+            fetch_max_bytes: c.fetch_max_bytes,
+            command_capacity: c.command_capacity,
+            max_rate_rules: c.max_rate_rules,
+        }
+    }
+}
+
+impl From<&MeshConfig> for Mesh {
+    fn from(c: &MeshConfig) -> Self {
+        Self {
+            max_groups: c.max_groups,
+            max_clients_per_group: c.max_clients_per_group,
+            max_partitions_per_group: c.max_partitions_per_group,
+            max_window_per_lane: c.max_window_per_lane,
+            max_ack_ranges_per_lane: c.max_ack_ranges_per_lane,
+            fetch_batch: c.fetch_batch,
+            fetch_retry_ms: c.fetch_retry_ms,
+            flush_interval_ms: c.flush_interval_ms,
+            max_outstanding_persists: c.max_outstanding_persists,
+            delivery_reserve: c.delivery_reserve,
+            client_idle_timeout_ms: c.client_idle_timeout_ms,
+            max_replay_per_group: c.max_replay_per_group,
+            max_ack_timeout_ms: c.limits.max_ack_timeout_ms,
+            max_attempts: c.limits.max_attempts,
+            max_in_flight_per_client: c.limits.max_in_flight_per_client,
+            max_backoff_ms: c.limits.max_backoff_ms,
+        }
+    }
+}
+
+impl Config {
+    /// The core's configuration. `commit_to_broker` is the storage backend's business
+    /// (the embedded log keeps no group offsets), not a user setting.
+    pub fn mesh_config(&self) -> MeshConfig {
+        let m = &self.mesh;
+        MeshConfig {
+            max_groups: m.max_groups,
+            max_clients_per_group: m.max_clients_per_group,
+            max_partitions_per_group: m.max_partitions_per_group,
+            max_window_per_lane: m.max_window_per_lane,
+            max_ack_ranges_per_lane: m.max_ack_ranges_per_lane,
+            fetch_batch: m.fetch_batch,
+            fetch_retry_ms: m.fetch_retry_ms,
+            flush_interval_ms: m.flush_interval_ms,
+            max_outstanding_persists: m.max_outstanding_persists,
+            delivery_reserve: m.delivery_reserve,
+            client_idle_timeout_ms: m.client_idle_timeout_ms,
+            max_replay_per_group: m.max_replay_per_group,
+            commit_to_broker: false,
+            limits: self.subscription_limits(),
+        }
+    }
+
+    /// The engine's configuration. Retention runs every `storage.retention_check_ms` when
+    /// some retention is set, never otherwise.
+    pub fn engine_config(&self) -> crate::engine::EngineConfig {
+        let s = &self.storage;
+        let retains = s.retention_ms > 0 || s.retention_bytes_per_partition > 0;
+        crate::engine::EngineConfig {
+            mesh: self.mesh_config(),
+            fetch_wait_ms: self.engine.fetch_wait_ms,
+            fetch_max_bytes: self.engine.fetch_max_bytes,
+            command_capacity: self.engine.command_capacity,
+            max_rate_rules: self.engine.max_rate_rules,
+            retention_interval_ms: if retains { s.retention_check_ms } else { 0 },
+        }
+    }
+
+    pub fn subscription_limits(&self) -> SubscriptionLimits {
+        SubscriptionLimits {
+            max_ack_timeout_ms: self.mesh.max_ack_timeout_ms,
+            max_attempts: self.mesh.max_attempts,
+            max_in_flight_per_client: self.mesh.max_in_flight_per_client,
+            max_backoff_ms: self.mesh.max_backoff_ms,
+        }
+    }
+
+    pub fn publish_limits(&self) -> PublishLimits {
+        PublishLimits {
+            max_event_bytes: self.limits.max_event_bytes,
+            max_request_bytes: self.limits.max_request_bytes,
+            max_batch_events: self.limits.max_batch_events,
+        }
+    }
+
+    /// The embedded log's configuration, rooted at `data/log`.
+    pub fn log_config(&self) -> crate::log::LogConfig {
+        let s = &self.storage;
+        let mut c = crate::log::LogConfig::new(self.log_dir());
+        c.default_partitions = s.default_partitions;
+        c.max_partitions = s.max_partitions;
+        c.max_topics = s.max_topics;
+        c.max_record_bytes = s.max_record_bytes;
+        c.max_records_per_append = self.limits.max_batch_events;
+        c.max_batch_bytes = s.max_batch_bytes;
+        c.queue_capacity = s.queue_capacity;
+        c.retention_ms = (s.retention_ms > 0).then_some(s.retention_ms);
+        c.retention_bytes_per_partition =
+            (s.retention_bytes_per_partition > 0).then_some(s.retention_bytes_per_partition);
+        c
+    }
+
+    /// Where the embedded log lives.
+    pub fn log_dir(&self) -> PathBuf {
+        self.data.join("log")
+    }
+
+    /// Where the state store lives (`None` for the in-memory store).
+    pub fn state_dir(&self) -> Option<PathBuf> {
+        match self.state.backend {
+            StateBackend::Rocksdb => Some(self.data.join("state")),
+            StateBackend::Sled => Some(self.data.join("state-sled")),
+            StateBackend::Memory => None,
+        }
+    }
+
+    /// Checks relations between settings that each type alone cannot express. The error
+    /// names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, why: String| {
+            Err(ConfigError::Invalid {
+                key: key.to_owned(),
+                why,
+            })
+        };
+        if self.http == self.admin && self.http.port() != 0 {
+            return bad(
+                "admin",
+                format!("{} is also the traffic address (http)", self.admin),
+            );
+        }
+        if self.data.as_os_str().is_empty() {
+            return bad("data", "must not be empty".into());
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log) {
+            return bad("log", format!("is not a log filter: {e}"));
+        }
+        let l = &self.limits;
+        let positive: [(&str, u64); 9] = [
+            ("limits.max_request_bytes", l.max_request_bytes as u64),
+            ("limits.max_event_bytes", l.max_event_bytes as u64),
+            ("limits.max_batch_events", l.max_batch_events as u64),
+            ("limits.max_json_bytes", l.max_json_bytes as u64),
+            ("limits.max_ids_per_request", l.max_ids_per_request as u64),
+            ("limits.max_poll_events", u64::from(l.max_poll_events)),
+            (
+                "limits.default_poll_events",
+                u64::from(l.default_poll_events),
+            ),
+            ("limits.max_dlq_page", l.max_dlq_page as u64),
+            ("limits.default_dlq_page", l.default_dlq_page as u64),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        if l.max_event_bytes > l.max_request_bytes {
+            return bad(
+                "limits.max_event_bytes",
+                "must not exceed limits.max_request_bytes".into(),
+            );
+        }
+        if l.max_poll_events > POLL_EVENTS_HARD_MAX {
+            return bad(
+                "limits.max_poll_events",
+                format!("must be at most {POLL_EVENTS_HARD_MAX}"),
+            );
+        }
+        if l.default_poll_events > l.max_poll_events {
+            return bad(
+                "limits.default_poll_events",
+                "must not exceed limits.max_poll_events".into(),
+            );
+        }
+        if l.max_wait_ms > WAIT_MS_HARD_MAX {
+            return bad(
+                "limits.max_wait_ms",
+                format!("must be at most {WAIT_MS_HARD_MAX}"),
+            );
+        }
+        if l.default_wait_ms > l.max_wait_ms {
+            return bad(
+                "limits.default_wait_ms",
+                "must not exceed limits.max_wait_ms".into(),
+            );
+        }
+        if l.default_dlq_page > l.max_dlq_page {
+            return bad(
+                "limits.default_dlq_page",
+                "must not exceed limits.max_dlq_page".into(),
+            );
+        }
+        if self.server.max_connections == 0 {
+            return bad("server.max_connections", "must be at least 1".into());
+        }
+        if self.server.header_read_timeout_ms == 0 {
+            return bad("server.header_read_timeout_ms", "must be at least 1".into());
+        }
+        let s = &self.storage;
+        if s.max_partitions == 0 {
+            return bad("storage.max_partitions", "must be at least 1".into());
+        }
+        if s.default_partitions == 0 || s.default_partitions > s.max_partitions {
+            return bad(
+                "storage.default_partitions",
+                format!(
+                    "must be between 1 and storage.max_partitions ({})",
+                    s.max_partitions
+                ),
+            );
+        }
+        // Base64 grows binary data by 4/3; the rest of the stored JSON (attributes) is
+        // bounded by the event size already, plus a little for the stored framing.
+        let room = l
+            .max_event_bytes
+            .saturating_add(l.max_event_bytes / 3)
+            .saturating_add(4096);
+        if s.max_record_bytes < room {
+            return bad(
+                "storage.max_record_bytes",
+                format!(
+                    "must be at least {room} to hold the stored form of an event of \
+                     limits.max_event_bytes ({})",
+                    l.max_event_bytes
+                ),
+            );
+        }
+        if s.max_batch_bytes < s.max_record_bytes {
+            return bad(
+                "storage.max_batch_bytes",
+                "must be at least storage.max_record_bytes".into(),
+            );
+        }
+        for (key, v) in [
+            ("storage.max_topics", s.max_topics),
+            ("storage.queue_capacity", s.queue_capacity),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        if s.retention_check_ms == 0 {
+            return bad("storage.retention_check_ms", "must be at least 1".into());
+        }
+        let e = &self.engine;
+        for (key, v) in [
+            ("engine.fetch_max_bytes", e.fetch_max_bytes),
+            ("engine.command_capacity", e.command_capacity),
+            ("engine.max_rate_rules", e.max_rate_rules),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        let m = &self.mesh;
+        for (key, v) in [
+            ("mesh.max_groups", m.max_groups),
+            ("mesh.max_clients_per_group", m.max_clients_per_group),
+            ("mesh.max_partitions_per_group", m.max_partitions_per_group),
+            ("mesh.max_window_per_lane", m.max_window_per_lane),
+            ("mesh.max_ack_ranges_per_lane", m.max_ack_ranges_per_lane),
+            ("mesh.fetch_batch", m.fetch_batch),
+            ("mesh.max_outstanding_persists", m.max_outstanding_persists),
+            ("mesh.max_replay_per_group", m.max_replay_per_group),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        for (key, v) in [
+            ("mesh.flush_interval_ms", m.flush_interval_ms),
+            ("mesh.delivery_reserve", m.delivery_reserve),
+            ("mesh.max_ack_timeout_ms", m.max_ack_timeout_ms),
+            ("mesh.max_attempts", u64::from(m.max_attempts)),
+            (
+                "mesh.max_in_flight_per_client",
+                u64::from(m.max_in_flight_per_client),
+            ),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the configuration could not be built. Each variant names the file, variable, flag or
+/// key at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    ParseFile { path: PathBuf, message: String },
+    #[error("unknown key `{key}` in config file {path}{hint}")]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        hint: String,
+    },
+    #[error("`{key}` in {origin} must be {expected}, not {found}")]
+    WrongType {
+        origin: String,
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("{key}: {why}")]
+    Invalid { key: String, why: String },
+}
+
+/// Flags given on the command line: each overrides every other source.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub http: Option<String>,
+    pub admin: Option<String>,
+    pub data: Option<PathBuf>,
+}
+
+/// The result of [`load`]: the configuration and what it was made of, for the startup log.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub config: Config,
+    /// The file read, if any.
+    pub file: Option<PathBuf>,
+    /// `UNIMESH_*` variables that are neither configuration keys nor known to the project
+    /// (a typo, most likely): reported as warnings once logging is up.
+    pub unknown_env: Vec<String>,
+}
+
+/// Builds the configuration from the defaults, the file (`overrides.config`, else
+/// `UNIMESH_CONFIG`), the given environment and the flags.
+pub fn load<I>(overrides: &Overrides, env: I) -> Result<Loaded, ConfigError>
+where
+    I: IntoIterator<Item = (String, String)>,
+{
+    let env: BTreeMap<String, String> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .collect();
+    let mut table = default_table();
+    let file = overrides
+        .config
+        .clone()
+        .or_else(|| env.get(ENV_CONFIG_FILE).map(PathBuf::from));
+    if let Some(path) = &file {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+            path: path.clone(),
+            source,
+        })?;
+        let parsed: Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::ParseFile {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        merge_file(&mut table, parsed, path, "")?;
+    }
+    let unknown_env = apply_env(&mut table, &env)?;
+    let flags = [
+        ("http", overrides.http.clone()),
+        ("admin", overrides.admin.clone()),
+        (
+            "data",
+            overrides.data.as_ref().map(|p| p.display().to_string()),
+        ),
+    ];
+    for (key, value) in flags {
+        if let Some(value) = value {
+            set_from_text(&mut table, key, &value, &format!("flag --{key}"))?;
+        }
+    }
+    let config = from_table(table)?;
+    config.validate()?;
+    Ok(Loaded {
+        config,
+        file,
+        unknown_env,
+    })
+}
+
+fn default_table() -> Table {
+    // Serialising plain structs of numbers, strings and paths into TOML cannot fail; the
+    // unit test `defaults_round_trip` proves it for the current fields.
+    Table::try_from(Config::default()).unwrap_or_default()
+}
+
+/// Lays `file` over `base`: every key must exist in `base` with a value of the same type.
+fn merge_file(base: &mut Table, file: Table, path: &Path, prefix: &str) -> Result<(), ConfigError> {
+    for (key, value) in file {
+        let full = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        let Some(slot) = base.get_mut(&key) else {
+            let known: Vec<&str> = base.keys().map(String::as_str).collect();
+            return Err(ConfigError::UnknownKey {
+                path: path.to_owned(),
+                key: full,
+                hint: format!(
+                    " (known keys{}: {})",
+                    if prefix.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" in [{prefix}]")
+                    },
+                    known.join(", ")
+                ),
+            });
+        };
+        let origin = || format!("config file {}", path.display());
+        match (slot, value) {
+            (Value::Table(sub), Value::Table(v)) => merge_file(sub, v, path, &full)?,
+            (slot, value) => {
+                let value = conform(slot, value).map_err(|found| ConfigError::WrongType {
+                    origin: origin(),
+                    key: full.clone(),
+                    expected: type_name(slot),
+                    found,
+                })?;
+                *slot = value;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `value` converted to the type of `like`, or the description of what it is instead.
+fn conform(like: &Value, value: Value) -> Result<Value, String> {
+    match (like, value) {
+        (Value::Integer(_), Value::Integer(i)) if i >= 0 => Ok(Value::Integer(i)),
+        (Value::Integer(_), Value::Integer(i)) => Err(format!("the negative number {i}")),
+        (Value::Float(_), Value::Float(f)) => Ok(Value::Float(f)),
+        (Value::Float(_), Value::Integer(i)) => Ok(Value::Float(i as f64)),
+        (Value::String(_), Value::String(s)) => Ok(Value::String(s)),
+        (Value::Boolean(_), Value::Boolean(b)) => Ok(Value::Boolean(b)),
+        (_, other) => Err(format!("{} {}", type_name(&other), other)),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "a non-negative integer",
+        Value::Float(_) => "a number",
+        Value::Boolean(_) => "a boolean (true or false)",
+        Value::Datetime(_) => "a datetime",
+        Value::Array(_) => "an array",
+        Value::Table(_) => "a table",
+    }
+}
+
+/// Every leaf key of the defaults as a dotted path.
+fn leaf_keys(table: &Table, prefix: &str, out: &mut Vec<String>) {
+    for (key, value) in table {
+        let full = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match value {
+            Value::Table(sub) => leaf_keys(sub, &full, out),
+            _ => out.push(full),
+        }
+    }
+}
+
+/// The environment variable of a dotted key: `limits.max_wait_ms` → `UNIMESH_LIMITS_MAX_WAIT_MS`.
+pub fn env_name(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
+/// Every configuration key, dotted, in file order (for documentation and tests).
+pub fn keys() -> Vec<String> {
+    let mut out = Vec::new();
+    leaf_keys(&default_table(), "", &mut out);
+    out
+}
+
+fn apply_env(
+    table: &mut Table,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<String>, ConfigError> {
+    let by_env: BTreeMap<String, String> = keys().into_iter().map(|k| (env_name(&k), k)).collect();
+    let mut unknown = Vec::new();
+    for (name, value) in env {
+        match by_env.get(name) {
+            Some(key) => set_from_text(table, key, value, &format!("environment variable {name}"))?,
+            None if ENV_NOT_CONFIG.contains(&name.as_str()) => {}
+            None => unknown.push(name.clone()),
+        }
+    }
+    Ok(unknown)
+}
+
+/// Sets the leaf `key` from text, parsed with the type of its current value.
+fn set_from_text(
+    table: &mut Table,
+    key: &str,
+    text: &str,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let mut parts = key.split('.').peekable();
+    let mut cur = table;
+    while let Some(part) = parts.next() {
+        let Some(slot) = cur.get_mut(part) else {
+            break;
+        };
+        if parts.peek().is_none() {
+            let wrong = |expected: &'static str| ConfigError::WrongType {
+                origin: origin.to_owned(),
+                key: key.to_owned(),
+                expected,
+                found: format!("{text:?}"),
+            };
+            *slot = match slot {
+                Value::Integer(_) => {
+                    let n: u64 = text
+                        .trim()
+                        .parse()
+                        .map_err(|_| wrong("a non-negative integer"))?;
+                    Value::Integer(i64::try_from(n).map_err(|_| wrong("an integer below 2^63"))?)
+                }
+                Value::Float(_) => {
+                    Value::Float(text.trim().parse().map_err(|_| wrong("a number"))?)
+                }
+                Value::Boolean(_) => match text.trim() {
+                    "true" | "1" => Value::Boolean(true),
+                    "false" | "0" => Value::Boolean(false),
+                    _ => return Err(wrong("true or false")),
+                },
+                _ => Value::String(text.to_owned()),
+            };
+            return Ok(());
+        }
+        match slot {
+            Value::Table(sub) => cur = sub,
+            _ => break,
+        }
+    }
+    // Only keys taken from the defaults reach here, so this is a bug, reported as one.
+    Err(ConfigError::Invalid {
+        key: key.to_owned(),
+        why: "is not a configuration key".into(),
+    })
+}
+
+/// Deserialises the merged table. Types were checked while merging, so what can still fail
+/// is a value's range or an unknown variant; the message is made to name the key.
+fn from_table(table: Table) -> Result<Config, ConfigError> {
+    // Through text, because toml's document deserializer reports the key path of an error
+    // (a `Value` deserializer does not).
+    let text = toml::to_string(&table).map_err(|e| ConfigError::Invalid {
+        key: String::new(),
+        why: e.to_string(),
+    })?;
+    toml::from_str::<Config>(&text).map_err(|e| ConfigError::Invalid {
+        key: located_key(&text, &e).unwrap_or_default(),
+        why: e.message().to_owned(),
+    })
+}
+
+/// The dotted key at the error's position in `text` (which `toml::to_string` wrote: one key
+/// per line, tables as `[name]` headers).
+fn located_key(text: &str, e: &toml::de::Error) -> Option<String> {
+    let span = e.span()?;
+    let mut section = String::new();
+    let mut pos = 0;
+    for line in text.lines() {
+        let end = pos + line.len();
+        let trimmed = line.trim();
+        if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+            section = name.to_owned();
+        } else if span.start <= end {
+            let key = trimmed.split('=').next()?.trim();
+            return Some(if section.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{section}.{key}")
+            });
+        }
+        pos = end + 1;
+    }
+    None
+}
+
+impl fmt::Display for StateBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StateBackend::Rocksdb => "rocksdb",
+            StateBackend::Sled => "sled",
+            StateBackend::Memory => "memory",
+        })
+    }
+}
+
+impl fmt::Display for StorageBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StorageBackend::Embedded => "embedded",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(text.as_bytes()).expect("write temp file");
+        f
+    }
+
+    fn with_file(f: &tempfile::NamedTempFile) -> Overrides {
+        Overrides {
+            config: Some(f.path().to_owned()),
+            ..Overrides::default()
+        }
+    }
+
+    #[test]
+    fn defaults_round_trip_and_match_the_design() {
+        let table = Table::try_from(Config::default()).expect("defaults serialise");
+        assert_eq!(
+            from_table(table).expect("defaults deserialise"),
+            Config::default()
+        );
+        let c = load(&Overrides::default(), env(&[]))
+            .expect("defaults load")
+            .config;
+        assert_eq!(c.data, PathBuf::from("./data"));
+        assert_eq!(c.http.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.admin.to_string(), "127.0.0.1:8081");
+        assert_eq!(c.storage.backend, StorageBackend::Embedded);
+        assert_eq!(c.state.backend, StateBackend::Rocksdb);
+        assert_eq!(c.storage.default_partitions, 4);
+        assert_eq!(c.limits.max_poll_events, 1000);
+        assert_eq!(c.limits.max_wait_ms, 60_000);
+        assert_eq!(c.mesh_config(), MeshConfig::default());
+    }
+
+    #[test]
+    fn file_sets_nested_keys() {
+        let f = file(
+            "data = \"/var/lib/unimesh\"\nhttp = \"0.0.0.0:9000\"\n\
+             [state]\nbackend = \"sled\"\n[storage]\ndefault_partitions = 8\n\
+             retention_ms = 3600000\n[mesh]\nmax_groups = 7\n",
+        );
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        assert_eq!(c.data, PathBuf::from("/var/lib/unimesh"));
+        assert_eq!(c.http.to_string(), "0.0.0.0:9000");
+        assert_eq!(c.state.backend, StateBackend::Sled);
+        assert_eq!(c.storage.default_partitions, 8);
+        assert_eq!(c.log_config().retention_ms, Some(3_600_000));
+        assert_eq!(c.log_config().retention_bytes_per_partition, None);
+        assert_eq!(c.mesh_config().max_groups, 7);
+        assert_eq!(
+            c.admin.to_string(),
+            "127.0.0.1:8081",
+            "untouched keys keep defaults"
+        );
+    }
+
+    #[test]
+    fn unknown_file_keys_are_named() {
+        let f = file("[limits]\nmax_wait = 5\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("unknown key `limits.max_wait`"), "{err}");
+        assert!(
+            err.contains("max_wait_ms"),
+            "hint lists the known keys: {err}"
+        );
+        let f = file("colour = \"blue\"\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("unknown key `colour`"), "{err}");
+        let f = file("[nosuch]\nx = 1\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("unknown key `nosuch`"), "{err}");
+    }
+
+    #[test]
+    fn wrong_types_and_values_are_named() {
+        let f = file("[limits]\nmax_wait_ms = \"soon\"\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("`limits.max_wait_ms`"), "{err}");
+        assert!(err.contains("integer"), "{err}");
+        let f = file("[limits]\nmax_wait_ms = -1\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(
+            err.contains("`limits.max_wait_ms`") && err.contains("negative"),
+            "{err}"
+        );
+        let f = file("[state]\nbackend = \"postgres\"\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(
+            err.contains("state.backend") && err.contains("postgres"),
+            "{err}"
+        );
+        let f = file("[mesh]\nmax_attempts = 99999999999\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("mesh.max_attempts"), "{err}");
+        let f = file("http = \"localhost\"\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.starts_with("http"), "{err}");
+        let f = file("this is = not toml [");
+        let err = load(&with_file(&f), env(&[])).unwrap_err();
+        assert!(matches!(err, ConfigError::ParseFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_an_error_naming_it() {
+        let o = Overrides {
+            config: Some(PathBuf::from("/nonexistent/unimesh.toml")),
+            ..Overrides::default()
+        };
+        let err = load(&o, env(&[])).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/unimesh.toml"), "{err}");
+    }
+
+    #[test]
+    fn precedence_is_flag_then_env_then_file_then_default() {
+        let f = file(
+            "http = \"127.0.0.1:1001\"\nadmin = \"127.0.0.1:1002\"\ndata = \"file\"\n\
+                      [storage]\ndefault_partitions = 2\n",
+        );
+        let e = env(&[
+            ("UNIMESH_HTTP", "127.0.0.1:2001"),
+            ("UNIMESH_DATA", "env"),
+            ("UNIMESH_STORAGE_DEFAULT_PARTITIONS", "3"),
+        ]);
+        let mut o = with_file(&f);
+        o.data = Some(PathBuf::from("flag"));
+        let c = load(&o, e).expect("loads").config;
+        assert_eq!(c.data, PathBuf::from("flag"), "flag beats env and file");
+        assert_eq!(c.http.to_string(), "127.0.0.1:2001", "env beats file");
+        assert_eq!(c.admin.to_string(), "127.0.0.1:1002", "file beats default");
+        assert_eq!(c.storage.default_partitions, 3);
+        assert_eq!(c.limits.max_wait_ms, 60_000, "default when nobody sets it");
+    }
+
+    #[test]
+    fn config_file_from_env_and_flag_wins() {
+        let a = file("data = \"from-a\"\n");
+        let b = file("data = \"from-b\"\n");
+        let e = env(&[(
+            "UNIMESH_CONFIG",
+            a.path().to_str().expect("utf-8 temp path"),
+        )]);
+        let loaded = load(&Overrides::default(), e.clone()).expect("loads");
+        assert_eq!(loaded.config.data, PathBuf::from("from-a"));
+        assert_eq!(loaded.file.as_deref(), Some(a.path()));
+        let c = load(&with_file(&b), e).expect("loads").config;
+        assert_eq!(c.data, PathBuf::from("from-b"));
+    }
+
+    #[test]
+    fn env_values_are_typed_and_errors_name_the_variable() {
+        let c = load(
+            &Overrides::default(),
+            env(&[
+                ("UNIMESH_STATE_BACKEND", "memory"),
+                ("UNIMESH_LIMITS_MAX_POLL_EVENTS", "50"),
+                ("UNIMESH_MESH_MAX_ATTEMPTS", "3"),
+            ]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.state.backend, StateBackend::Memory);
+        assert_eq!(c.state_dir(), None);
+        assert_eq!(c.limits.max_poll_events, 50);
+        assert_eq!(c.subscription_limits().max_attempts, 3);
+        let err = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_LIMITS_MAX_WAIT_MS", "-5")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("UNIMESH_LIMITS_MAX_WAIT_MS"), "{err}");
+        let err = load(&Overrides::default(), env(&[("UNIMESH_ADMIN", "nope")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("admin"), "{err}");
+    }
+
+    #[test]
+    fn unknown_env_is_reported_not_fatal() {
+        let loaded = load(
+            &Overrides::default(),
+            env(&[
+                ("UNIMESH_HTPP", "x"),
+                ("UNIMESH_SEED", "7"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .expect("loads");
+        assert_eq!(loaded.unknown_env, vec!["UNIMESH_HTPP".to_owned()]);
+    }
+
+    #[test]
+    fn relations_between_keys_are_checked() {
+        let cases = [
+            ("admin = \"127.0.0.1:8080\"\n", "admin"),
+            (
+                "[limits]\ndefault_poll_events = 2000\n",
+                "limits.default_poll_events",
+            ),
+            ("[limits]\nmax_poll_events = 0\n", "limits.max_poll_events"),
+            (
+                "[limits]\ndefault_wait_ms = 70000\n",
+                "limits.default_wait_ms",
+            ),
+            (
+                "[storage]\ndefault_partitions = 0\n",
+                "storage.default_partitions",
+            ),
+            (
+                "[storage]\nmax_record_bytes = 1048576\n",
+                "storage.max_record_bytes",
+            ),
+            ("log = \"[[[\"\n", "log"),
+        ];
+        for (text, key) in cases {
+            let f = file(text);
+            match load(&with_file(&f), env(&[])) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: expected an error on {key}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn port_zero_may_repeat() {
+        let c = load(
+            &Overrides {
+                http: Some("127.0.0.1:0".into()),
+                admin: Some("127.0.0.1:0".into()),
+                ..Overrides::default()
+            },
+            env(&[]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.http.port(), 0);
+    }
+
+    #[test]
+    fn every_key_has_an_env_name() {
+        let keys = keys();
+        assert!(keys.contains(&"http".to_owned()));
+        assert!(keys.contains(&"mesh.max_groups".to_owned()));
+        assert_eq!(env_name("http"), "UNIMESH_HTTP");
+        assert_eq!(env_name("limits.max_wait_ms"), "UNIMESH_LIMITS_MAX_WAIT_MS");
+        let names: std::collections::BTreeSet<_> = keys.iter().map(|k| env_name(k)).collect();
+        assert_eq!(names.len(), keys.len(), "env names are unambiguous");
+    }
+}

@@ -1,0 +1,900 @@
+//! The HTTP front in process: requests handed to [`handle`] directly, against the real
+//! engine on in-memory ports, plus one loopback test of the listeners themselves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+use crate::config::Config;
+use crate::engine::{self, EngineConfig, MemoryLog, StoreAdapter};
+use crate::state::{MemoryDisk, MemoryStore};
+
+struct Rig {
+    app: App,
+}
+
+fn test_config() -> Config {
+    let mut c = Config::default();
+    c.limits.max_request_bytes = 64 * 1024;
+    c.limits.max_event_bytes = 16 * 1024;
+    c.limits.max_json_bytes = 4 * 1024;
+    c.limits.max_ids_per_request = 8;
+    c
+}
+
+async fn rig() -> Rig {
+    rig_with(test_config()).await
+}
+
+async fn rig_with(config: Config) -> Rig {
+    let mut ecfg = EngineConfig {
+        mesh: config.mesh_config(),
+        fetch_wait_ms: 50,
+        retention_interval_ms: 0,
+        ..EngineConfig::default()
+    };
+    ecfg.mesh.flush_interval_ms = 5;
+    let log = Arc::new(MemoryLog::new(2));
+    let state = Arc::new(StoreAdapter::new(Box::new(MemoryStore::open(
+        MemoryDisk::new(),
+    ))));
+    let (handle, _join) = engine::start(ecfg, Arc::new(log), state).expect("engine starts");
+    for _ in 0..400 {
+        if handle.is_ready() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(handle.is_ready(), "engine never became ready");
+    Rig {
+        app: App::new(handle, &config),
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Asserts an error answer: status, code, and that the message mentions `needle`.
+    fn error(&self, status: u16, code: &str, needle: &str) {
+        let body = self.json();
+        assert_eq!(self.status.as_u16(), status, "{body}");
+        assert_eq!(body["error"], code, "{body}");
+        let message = body["message"].as_str().expect("message is a string");
+        assert!(
+            message.contains(needle),
+            "{message:?} should mention {needle:?}"
+        );
+        assert_eq!(body.as_object().map(|o| o.len()), Some(2), "{body}");
+    }
+}
+
+impl Rig {
+    async fn call(
+        &self,
+        listener: Listener,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Answer {
+        let mut req = Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(body.into())).expect("request");
+        let res = handle(&self.app, listener, req).await;
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.expect("infallible").to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    async fn traffic(&self, method: Method, uri: &str, body: Value) -> Answer {
+        let body = if body.is_null() {
+            Bytes::new()
+        } else {
+            Bytes::from(body.to_string())
+        };
+        self.call(
+            Listener::Traffic,
+            method,
+            uri,
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await
+    }
+
+    async fn admin(&self, method: Method, uri: &str, body: Value) -> Answer {
+        let body = if body.is_null() {
+            Bytes::new()
+        } else {
+            Bytes::from(body.to_string())
+        };
+        self.call(
+            Listener::Admin,
+            method,
+            uri,
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await
+    }
+
+    async fn subscribe(&self, group: &str, doc: Value) -> Answer {
+        self.traffic(Method::PUT, &format!("/v1/subscriptions/{group}"), doc)
+            .await
+    }
+
+    async fn publish_structured(&self, topic: &str, id: &str) -> Answer {
+        let event = json!({"specversion": "1.0", "id": id, "source": "/test", "type": "t.e", "data": {"id": id}});
+        self.call(
+            Listener::Traffic,
+            Method::POST,
+            &format!("/v1/topics/{topic}/events"),
+            &[("content-type", "application/cloudevents+json")],
+            event.to_string(),
+        )
+        .await
+    }
+
+    /// Polls until `n` deliveries came (bounded number of polls, each waiting at the engine).
+    async fn take(&self, group: &str, client: &str, n: usize) -> Vec<Value> {
+        let mut got = Vec::new();
+        for _ in 0..50 {
+            let a = self
+                .traffic(
+                    Method::GET,
+                    &format!(
+                        "/v1/subscriptions/{group}/events?client={client}&max={}&waitMs=200",
+                        n - got.len()
+                    ),
+                    Value::Null,
+                )
+                .await;
+            assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+            got.extend(a.json().as_array().expect("array").iter().cloned());
+            if got.len() >= n {
+                break;
+            }
+        }
+        got
+    }
+
+    async fn settle(&self, group: &str, verb: &str, body: Value) -> Answer {
+        self.traffic(
+            Method::POST,
+            &format!("/v1/subscriptions/{group}/{verb}"),
+            body,
+        )
+        .await
+    }
+}
+
+fn ids(deliveries: &[Value]) -> Vec<String> {
+    deliveries
+        .iter()
+        .map(|d| d["deliveryId"].as_str().expect("deliveryId").to_owned())
+        .collect()
+}
+
+// ----- the OpenAPI document and the route table -----
+
+/// Goal: the served OpenAPI document describes exactly the routes the router knows.
+/// Method: every (method, pattern) of the table is an operation of the document, and every
+/// operation of the document is a row of the table.
+#[test]
+fn openapi_lists_every_route_and_nothing_else() {
+    let doc: Value = serde_json::from_str(OPENAPI_JSON).expect("openapi.json is JSON");
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    let paths = doc["paths"].as_object().expect("paths");
+    for r in ROUTES {
+        let op = &paths
+            .get(r.pattern)
+            .unwrap_or_else(|| panic!("{} is not in openapi.json", r.pattern))
+            [r.method.as_str().to_ascii_lowercase()];
+        assert!(op.is_object(), "{} is not in openapi.json", r.label());
+        assert!(
+            op["responses"].is_object(),
+            "{} has no responses",
+            r.label()
+        );
+    }
+    for (path, item) in paths {
+        for method in item.as_object().expect("path item").keys() {
+            let known = ROUTES
+                .iter()
+                .any(|r| r.pattern == path && r.method.as_str().eq_ignore_ascii_case(method));
+            assert!(
+                known,
+                "openapi.json has {method} {path}, the router does not"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn openapi_is_served_on_both_listeners() {
+    let rig = rig().await;
+    for listener in [Listener::Traffic, Listener::Admin] {
+        let a = rig
+            .call(listener, Method::GET, "/openapi.json", &[], Bytes::new())
+            .await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(&a.body[..], OPENAPI_JSON.as_bytes());
+    }
+}
+
+// ----- traffic -----
+
+/// Goal: the three publish modes, long-poll and ACK work end to end through HTTP.
+#[tokio::test]
+async fn publish_in_each_mode_poll_and_ack() {
+    let rig = rig().await;
+    let a = rig.subscribe("g", json!({"topic": "orders"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.json());
+    assert_eq!(a.json()["group"], "g");
+    assert_eq!(a.json()["topic"], "orders");
+    assert_eq!(a.json()["maxAttempts"], 16, "defaults are spelled out");
+
+    let binary = rig
+        .call(
+            Listener::Traffic,
+            Method::POST,
+            "/v1/topics/orders/events",
+            &[
+                ("ce-specversion", "1.0"),
+                ("ce-id", "b1"),
+                ("ce-source", "/test"),
+                ("ce-type", "t.e"),
+                ("content-type", "text/plain"),
+            ],
+            "hello",
+        )
+        .await;
+    assert_eq!(binary.status, StatusCode::OK, "{}", binary.json());
+    let r = &binary.json()["results"][0];
+    assert_eq!(r["id"], "b1");
+    assert!(r["partition"].is_u64() && r["offset"].is_u64(), "{r}");
+
+    let structured = rig.publish_structured("orders", "s1").await;
+    assert_eq!(structured.status, StatusCode::OK, "{}", structured.json());
+
+    let batch = json!([
+        {"specversion": "1.0", "id": "k1", "source": "/test", "type": "t.e"},
+        {"specversion": "1.0", "id": "k2", "source": "/test", "type": "t.e"},
+    ]);
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::POST,
+            "/v1/topics/orders/events",
+            &[("content-type", "application/cloudevents-batch+json")],
+            batch.to_string(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    let results = a.json()["results"].as_array().expect("results").clone();
+    assert_eq!(
+        results.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(),
+        vec![json!("k1"), json!("k2")]
+    );
+
+    let got = rig.take("g", "c1", 4).await;
+    assert_eq!(got.len(), 4);
+    let mut seen: Vec<String> = got
+        .iter()
+        .map(|d| d["event"]["id"].as_str().expect("event id").to_owned())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, vec!["b1", "k1", "k2", "s1"]);
+    for d in &got {
+        assert_eq!(d["attempt"], 1);
+        let e = &d["event"];
+        let partition: u64 = e["emmqpartition"]
+            .as_str()
+            .expect("string")
+            .parse()
+            .expect("number");
+        let offset: u64 = e["emmqoffset"]
+            .as_str()
+            .expect("string")
+            .parse()
+            .expect("number");
+        assert!(partition < 2, "{e}");
+        assert!(offset < 4, "{e}");
+    }
+    let binary_event = got.iter().find(|d| d["event"]["id"] == "b1").expect("b1");
+    assert_eq!(binary_event["event"]["data"], "hello");
+
+    let all = ids(&got);
+    let a = rig.settle("g", "ack", json!({"deliveryIds": all})).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    assert_eq!(a.json(), json!({"acked": 4, "rejected": []}));
+
+    // ACK again, mixed with garbage: per-id answers, the rest still settled.
+    let a = rig
+        .settle("g", "ack", json!({"deliveryIds": [all[0], "not-an-id", 7]}))
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.json(),
+        json!({"acked": 0, "rejected": [
+            {"deliveryId": all[0], "reason": "already-done"},
+            {"deliveryId": "not-an-id", "reason": "malformed"},
+            {"deliveryId": "7", "reason": "malformed"},
+        ]})
+    );
+
+    let a = rig
+        .traffic(Method::GET, "/v1/subscriptions/g", Value::Null)
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let info = a.json();
+    assert_eq!(info["lag"], 0, "{info}");
+    assert_eq!(info["stats"]["acked"], 4, "{info}");
+    assert_eq!(
+        info["partitions"].as_array().map(Vec::len),
+        Some(2),
+        "{info}"
+    );
+}
+
+#[tokio::test]
+async fn nack_and_extend_answer_per_id() {
+    let rig = rig().await;
+    rig.subscribe(
+        "g",
+        json!({"topic": "t", "backoff": {"initialMs": 0, "maxMs": 0, "multiplier": 1.0}}),
+    )
+    .await;
+    rig.publish_structured("t", "e1").await;
+    let got = rig.take("g", "c", 1).await;
+    let id = ids(&got).remove(0);
+
+    let a = rig
+        .settle(
+            "g",
+            "extend",
+            json!({"deliveryIds": [id], "extendMs": 60000}),
+        )
+        .await;
+    assert_eq!(a.json(), json!({"extended": 1, "rejected": []}));
+    let a = rig
+        .settle(
+            "g",
+            "nack",
+            json!({"deliveryIds": [id, "1.2"], "delayMs": 0}),
+        )
+        .await;
+    assert_eq!(
+        a.json(),
+        json!({"nacked": 1, "rejected": [{"deliveryId": "1.2", "reason": "malformed"}]})
+    );
+    let again = rig.take("g", "c", 1).await;
+    assert_eq!(again[0]["attempt"], 2, "a NACKed delivery comes again");
+    assert_eq!(again[0]["event"]["id"], "e1");
+}
+
+#[tokio::test]
+async fn subscription_update_delete_and_conflict() {
+    let rig = rig().await;
+    assert_eq!(
+        rig.subscribe("g", json!({"topic": "a"})).await.status,
+        StatusCode::CREATED
+    );
+    let a = rig
+        .subscribe("g", json!({"topic": "a", "maxAttempts": 3}))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "an update is 200");
+    assert_eq!(a.json()["maxAttempts"], 3);
+    let a = rig.subscribe("g", json!({"topic": "b"})).await;
+    a.error(409, "conflict", "topic");
+    let a = rig
+        .traffic(Method::DELETE, "/v1/subscriptions/g", Value::Null)
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json(), json!({"group": "g", "deleted": true}));
+    let a = rig
+        .traffic(Method::GET, "/v1/subscriptions/g", Value::Null)
+        .await;
+    a.error(404, "unknown-group", "g");
+}
+
+// ----- bad input -----
+
+#[tokio::test]
+async fn bad_routes_methods_and_names() {
+    let rig = rig().await;
+    let a = rig.traffic(Method::GET, "/v1/nothing", Value::Null).await;
+    a.error(404, "not-found", "/v1/nothing");
+    let a = rig.traffic(Method::GET, "/metrics", Value::Null).await;
+    a.error(404, "not-found", "/metrics");
+    let a = rig
+        .traffic(Method::POST, "/v1/subscriptions/g", Value::Null)
+        .await;
+    a.error(405, "method-not-allowed", "POST");
+    assert_eq!(a.headers["allow"], "PUT, GET, DELETE");
+    let a = rig.subscribe("bad%20name", json!({"topic": "t"})).await;
+    a.error(400, "invalid-name", "group");
+    let a = rig.publish_structured("a:b", "x").await;
+    a.error(400, "invalid-name", "topic");
+    let long = "x".repeat(201);
+    let a = rig
+        .traffic(
+            Method::GET,
+            &format!("/v1/subscriptions/{long}"),
+            Value::Null,
+        )
+        .await;
+    a.error(400, "invalid-name", "200");
+}
+
+#[tokio::test]
+async fn bad_poll_parameters_are_named() {
+    let rig = rig().await;
+    rig.subscribe("g", json!({"topic": "t"})).await;
+    let cases = [
+        ("?max=1", "client is required"),
+        (
+            "?client=c&max=0",
+            "max must be an integer between 1 and 1000",
+        ),
+        (
+            "?client=c&max=1001",
+            "max must be an integer between 1 and 1000",
+        ),
+        (
+            "?client=c&waitMs=60001",
+            "waitMs must be an integer between 0 and 60000",
+        ),
+        ("?client=c&waitMs=soon", "waitMs"),
+        ("?client=c&colour=red", "colour"),
+        ("?client=c&client=d", "more than once"),
+    ];
+    for (query, needle) in cases {
+        let a = rig
+            .traffic(
+                Method::GET,
+                &format!("/v1/subscriptions/g/events{query}"),
+                Value::Null,
+            )
+            .await;
+        a.error(400, "invalid-query", needle);
+    }
+    let a = rig
+        .traffic(
+            Method::GET,
+            "/v1/subscriptions/g/events?client=a%2Fb",
+            Value::Null,
+        )
+        .await;
+    a.error(400, "invalid-name", "client");
+    let a = rig
+        .traffic(
+            Method::GET,
+            "/v1/subscriptions/nope/events?client=c&waitMs=0",
+            Value::Null,
+        )
+        .await;
+    a.error(404, "unknown-group", "nope");
+}
+
+#[tokio::test]
+async fn bad_json_bodies_change_nothing() {
+    let rig = rig().await;
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::PUT,
+            "/v1/subscriptions/g",
+            &[("content-type", "application/json")],
+            "{\"topic\": ",
+        )
+        .await;
+    a.error(400, "invalid-json", "JSON");
+    let a = rig
+        .subscribe("g", json!({"topic": "t", "colour": "red"}))
+        .await;
+    a.error(400, "invalid-subscription", "colour");
+    let a = rig
+        .subscribe("g", json!({"topic": "t", "backoff": {"multiplier": 0.5}}))
+        .await;
+    a.error(400, "invalid-subscription", "backoff.multiplier");
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::PUT,
+            "/v1/subscriptions/g",
+            &[("content-type", "text/plain")],
+            "{\"topic\":\"t\"}",
+        )
+        .await;
+    a.error(415, "unsupported-media-type", "text/plain");
+    let a = rig
+        .traffic(Method::GET, "/v1/subscriptions/g", Value::Null)
+        .await;
+    a.error(404, "unknown-group", "g");
+
+    rig.subscribe("g", json!({"topic": "t"})).await;
+    let a = rig
+        .settle("g", "ack", json!({"deliveryIds": [], "delayMs": 5}))
+        .await;
+    a.error(400, "invalid-json", "delayMs");
+    let a = rig.settle("g", "ack", json!({"ids": []})).await;
+    a.error(400, "invalid-json", "ids");
+    let a = rig
+        .settle("g", "ack", json!({"deliveryIds": "1.1.1.1.1"}))
+        .await;
+    a.error(400, "invalid-json", "sequence");
+    let a = rig.settle("g", "ack", Value::Null).await;
+    a.error(400, "invalid-json", "empty");
+    let many: Vec<String> = (0..9).map(|i| format!("1.1.0.{i}.1")).collect();
+    let a = rig.settle("g", "ack", json!({ "deliveryIds": many })).await;
+    a.error(413, "too-large", "limit of 8");
+    let a = rig
+        .settle("g", "extend", json!({"deliveryIds": [], "extendMs": 0}))
+        .await;
+    a.error(400, "invalid-request", "extendMs");
+    let a = rig
+        .settle("nope", "ack", json!({"deliveryIds": ["1.1.0.0.1"]}))
+        .await;
+    a.error(404, "unknown-group", "nope");
+}
+
+#[tokio::test]
+async fn bad_publishes_are_refused_whole() {
+    let rig = rig().await;
+    rig.subscribe("g", json!({"topic": "t"})).await;
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::POST,
+            "/v1/topics/t/events",
+            &[("content-type", "application/cloudevents+json")],
+            json!({"specversion": "1.0", "id": "x", "type": "t.e"}).to_string(),
+        )
+        .await;
+    a.error(400, "invalid-cloudevent", "source");
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::POST,
+            "/v1/topics/t/events",
+            &[("content-type", "application/cloudevents-batch+json")],
+            json!([
+                {"specversion": "1.0", "id": "ok", "source": "/s", "type": "t.e"},
+                {"specversion": "0.3", "id": "bad", "source": "/s", "type": "t.e"},
+            ])
+            .to_string(),
+        )
+        .await;
+    a.error(400, "invalid-cloudevent", "event 1");
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::POST,
+            "/v1/topics/t/events",
+            &[("content-type", "application/cloudevents+xml")],
+            "<event/>",
+        )
+        .await;
+    a.error(415, "unsupported-media-type", "cloudevents+xml");
+    let big = "x".repeat(70 * 1024);
+    let a = rig
+        .call(
+            Listener::Traffic,
+            Method::POST,
+            "/v1/topics/t/events",
+            &[
+                ("content-type", "application/cloudevents+json"),
+                ("content-length", &big.len().to_string()),
+            ],
+            big,
+        )
+        .await;
+    a.error(413, "too-large", "65536");
+    assert_eq!(a.headers["connection"], "close");
+    // Nothing of the refused requests was stored.
+    let a = rig
+        .traffic(
+            Method::GET,
+            "/v1/subscriptions/g/events?client=c&waitMs=100",
+            Value::Null,
+        )
+        .await;
+    assert_eq!(a.json(), json!([]));
+}
+
+// ----- admin -----
+
+#[tokio::test]
+async fn admin_views_and_levers() {
+    let rig = rig().await;
+    let a = rig.admin(Method::GET, "/admin/health", Value::Null).await;
+    assert_eq!(
+        (a.status, a.json()),
+        (StatusCode::OK, json!({"status": "ok"}))
+    );
+    let a = rig.admin(Method::GET, "/admin/ready", Value::Null).await;
+    assert_eq!(
+        (a.status, a.json()),
+        (StatusCode::OK, json!({"status": "ready"}))
+    );
+
+    rig.subscribe("g", json!({"topic": "t", "maxAttempts": 1}))
+        .await;
+    rig.publish_structured("t", "e1").await;
+    rig.publish_structured("t", "e2").await;
+    let got = rig.take("g", "c", 2).await;
+    assert_eq!(got.len(), 2);
+
+    let a = rig
+        .admin(Method::GET, "/admin/subscriptions", Value::Null)
+        .await;
+    let subs = a.json();
+    assert_eq!(subs["subscriptions"][0]["group"], "g", "{subs}");
+    assert_eq!(subs["subscriptions"][0]["inFlight"], 2, "{subs}");
+
+    let a = rig.admin(Method::GET, "/admin/clients", Value::Null).await;
+    let clients = a.json();
+    assert_eq!(clients["clients"][0]["client"], "c", "{clients}");
+    assert_eq!(clients["clients"][0]["inFlight"], 2, "{clients}");
+
+    let a = rig
+        .admin(Method::GET, "/admin/offsets?topic=t", Value::Null)
+        .await;
+    let rows = a.json();
+    let rows = rows["offsets"].as_array().expect("offsets");
+    assert_eq!(rows.len(), 2);
+    let end: u64 = rows.iter().map(|r| r["end"].as_u64().expect("end")).sum();
+    assert_eq!(end, 2);
+    let a = rig.admin(Method::GET, "/admin/offsets", Value::Null).await;
+    a.error(400, "invalid-query", "topic is required");
+
+    // NACK with one allowed attempt: both dead-lettered, browsed, replayed.
+    let a = rig
+        .settle("g", "nack", json!({"deliveryIds": ids(&got)}))
+        .await;
+    assert_eq!(a.json()["nacked"], 2);
+    let mut entries = Vec::new();
+    for _ in 0..100 {
+        let a = rig
+            .admin(Method::GET, "/admin/dlq/g?max=10", Value::Null)
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+        entries = a.json()["entries"].as_array().expect("entries").clone();
+        if entries.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(entries.len(), 2, "both records reach the DLQ");
+    assert_eq!(entries[0]["reason"], "nacked");
+    assert!(
+        entries[0]["event"]["emmqoffset"].is_string(),
+        "{}",
+        entries[0]
+    );
+    let a = rig
+        .admin(Method::GET, "/admin/dlq/g?max=0", Value::Null)
+        .await;
+    a.error(400, "invalid-query", "max");
+    let a = rig
+        .admin(Method::POST, "/admin/dlq/g/replay?max=1", Value::Null)
+        .await;
+    assert_eq!(a.json(), json!({"group": "g", "replayed": 1}));
+    let back = rig.take("g", "c", 1).await;
+    assert_eq!(back.len(), 1, "the replayed record is delivered again");
+
+    let a = rig
+        .admin(
+            Method::POST,
+            "/admin/subscriptions/g/seek",
+            json!({"partition": 0, "offset": 0}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    let a = rig
+        .admin(
+            Method::POST,
+            "/admin/subscriptions/g/seek",
+            json!({"partition": 0}),
+        )
+        .await;
+    a.error(400, "invalid-json", "offset");
+
+    let a = rig
+        .admin(Method::POST, "/admin/clients/c/evict", Value::Null)
+        .await;
+    assert_eq!(a.json(), json!({"client": "c", "groups": 1}));
+}
+
+#[tokio::test]
+async fn rate_limit_answers_429_with_retry_after() {
+    let rig = rig().await;
+    let a = rig
+        .admin(
+            Method::PUT,
+            "/admin/ratelimit",
+            json!({"topic": "t", "eventsPerSecond": 1, "burst": 1}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    let a = rig
+        .admin(
+            Method::PUT,
+            "/admin/ratelimit",
+            json!({"topic": "t", "eventsPerSecond": 0, "burst": 1}),
+        )
+        .await;
+    a.error(400, "invalid-request", "eventsPerSecond");
+    assert_eq!(
+        rig.publish_structured("t", "1").await.status,
+        StatusCode::OK
+    );
+    let a = rig.publish_structured("t", "2").await;
+    a.error(429, "rate-limited", "retry");
+    let retry: u64 = a.headers["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!(retry >= 1);
+}
+
+#[tokio::test]
+async fn metrics_carry_engine_numbers() {
+    let rig = rig().await;
+    rig.subscribe("g", json!({"topic": "t"})).await;
+    rig.publish_structured("t", "e1").await;
+    let got = rig.take("g", "c", 1).await;
+    rig.settle("g", "ack", json!({"deliveryIds": ids(&got)}))
+        .await;
+    let a = rig.admin(Method::GET, "/metrics", Value::Null).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.headers["content-type"]
+        .to_str()
+        .expect("ascii")
+        .starts_with("application/openmetrics-text"));
+    let text = String::from_utf8(a.body.to_vec()).expect("utf-8");
+    for needle in [
+        "unimesh_published_total{topic=\"t\"} 1",
+        "unimesh_delivered_total{group=\"g\"} 1",
+        "unimesh_acked_total 1",
+        "unimesh_nacked_total 0",
+        "unimesh_redelivered_total 0",
+        "unimesh_dead_lettered_total 0",
+        "unimesh_expired_total 0",
+        "unimesh_in_flight{group=\"g\",partition=\"0\"}",
+        "unimesh_lag{group=\"g\",partition=\"1\"}",
+        "unimesh_publish_latency_seconds_count 1",
+        "unimesh_http_request_duration_seconds_count{route=\"GET /v1/subscriptions/{group}/events\"}",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn after_engine_shutdown_requests_are_503_and_not_ready() {
+    let rig = rig().await;
+    rig.app.engine.shutdown().await.expect("shuts down");
+    let a = rig.subscribe("g", json!({"topic": "t"})).await;
+    a.error(503, "unavailable", "");
+    assert!(a.headers.contains_key("retry-after"));
+}
+
+// ----- the listeners -----
+
+/// Sends raw HTTP/1.1 and reads until the server closes or `Content-Length` is complete.
+async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> (u16, String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .and_then(|v| v.parse::<usize>().ok());
+            if len.is_some_and(|len| body.len() >= len) {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// Goal: both listeners serve their own routes over real sockets, an oversized body that
+/// the client is still sending gets a readable 413, and shutdown ends the accept loop.
+#[tokio::test]
+async fn listeners_serve_and_shut_down() {
+    let rig = rig().await;
+    let settings = crate::config::Server {
+        shutdown_grace_ms: 2_000,
+        ..crate::config::Server::default()
+    };
+    let server = Server::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        "127.0.0.1:0".parse().expect("addr"),
+        settings,
+    )
+    .await
+    .expect("binds");
+    let traffic = server.traffic_addr().expect("addr");
+    let admin = server.admin_addr().expect("addr");
+    assert_ne!(traffic, admin);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let app = Arc::new(rig.app);
+    let running = tokio::spawn(server.run(app, async {
+        let _ = stop_rx.await;
+    }));
+
+    let (status, _, body) = raw(
+        admin,
+        b"GET /admin/health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "{\"status\":\"ok\"}"));
+    let (status, _, _) = raw(
+        traffic,
+        b"GET /admin/health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 404, "admin routes are not on the traffic listener");
+
+    let big = vec![b'x'; 200 * 1024];
+    let mut req = format!(
+        "POST /v1/topics/t/events HTTP/1.1\r\nhost: x\r\ncontent-type: application/cloudevents+json\r\ncontent-length: {}\r\n\r\n",
+        big.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&big);
+    let (status, head, body) = raw(traffic, &req).await;
+    assert_eq!(status, 413, "{head}\n{body}");
+    assert!(body.contains("too-large"), "{body}");
+
+    stop_tx.send(()).expect("server still running");
+    let draining = running.await.expect("accept loop ends");
+    assert_eq!(draining.finish().await, 0, "no connection left open");
+    assert!(
+        tokio::net::TcpStream::connect(traffic).await.is_err(),
+        "the listener is closed"
+    );
+}
