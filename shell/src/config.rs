@@ -669,6 +669,19 @@ where
             set_from_text(&mut table, key, &value, &format!("flag --{key}"))?;
         }
     }
+    for key in ["http", "admin"] {
+        if let Some(Value::String(addr)) = table.get(key) {
+            if addr.parse::<SocketAddr>().is_err() {
+                return Err(ConfigError::Invalid {
+                    key: key.to_owned(),
+                    why: format!(
+                        "{addr:?} is not an IP:PORT address (e.g. 127.0.0.1:8080, 0.0.0.0:8080 \
+                         or [::1]:8080; host names are not resolved)"
+                    ),
+                });
+            }
+        }
+    }
     let config = from_table(table)?;
     config.validate()?;
     Ok(Loaded {
@@ -1009,9 +1022,12 @@ mod tests {
         let f = file("[mesh]\nmax_attempts = 99999999999\n");
         let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
         assert!(err.contains("mesh.max_attempts"), "{err}");
-        let f = file("http = \"localhost\"\n");
+        let f = file("http = \"localhost:80\"\n");
         let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
-        assert!(err.starts_with("http"), "{err}");
+        assert!(
+            err.starts_with("http") && err.contains("\"localhost:80\""),
+            "{err}"
+        );
         let f = file("this is = not toml [");
         let err = load(&with_file(&f), env(&[])).unwrap_err();
         assert!(matches!(err, ConfigError::ParseFile { .. }), "{err}");
