@@ -1,1 +1,998 @@
+//! Harness for black-box tests of the real `unimesh` binary over HTTP.
+//!
+//! - [`unimesh_bin`] finds the binary (`UNIMESH_BIN`) or builds it once per test process with
+//!   the cargo that runs the tests, in the profile of the test binary itself (release when the
+//!   test binary's path says so), into the same target directory.
+//! - [`Server`] runs one `unimesh serve` on a temporary data directory and free ports, waits
+//!   until `/admin/ready` answers, keeps its stderr in a file (printed when a test panics),
+//!   and can be killed with SIGKILL ([`Server::kill9`]), stopped with SIGTERM
+//!   ([`Server::terminate`]) and started again on the same data ([`Server::restart`]).
+//! - [`Call`]/[`Resp`] are a small blocking HTTP client (ureq) that never turns a status into
+//!   an error, so every test can assert on statuses and bodies; [`Server`] has helpers for
+//!   the routes of DESIGN.md §5.1 (publish in each mode, subscribe, poll, ACK/NACK/extend,
+//!   admin).
+//!
+//! Nothing here asserts on time: waits are bounded loops whose bound only turns a hang into a
+//! clear failure.
 
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read as _;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use serde_json::{json, Value};
+
+/// How long a server may take to answer `/admin/ready` after it was started. Generous: a
+/// debug build opening RocksDB on a loaded two-core machine can take seconds.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long any one HTTP request may take before the test fails (long-polls included).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long SIGTERM may take to stop the server.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Largest response body read.
+const MAX_RESPONSE_BYTES: u64 = 256 << 20;
+
+// ----- the binary -----
+
+/// The path of the `unimesh` binary: `UNIMESH_BIN` if set, otherwise built (once per
+/// process) with `cargo build -p unimesh-shell --bin unimesh`, release when this test binary
+/// is a release build. Panics with cargo's output when the build fails.
+pub fn unimesh_bin() -> &'static Path {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BIN.get_or_init(find_or_build) {
+        Ok(p) => p,
+        Err(e) => panic!("cannot get the unimesh binary: {e}"),
+    }
+}
+
+fn find_or_build() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("UNIMESH_BIN") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            return Err(format!("UNIMESH_BIN={} is not a file", p.display()));
+        }
+        eprintln!("unimesh binary (UNIMESH_BIN): {}", p.display());
+        return Ok(p);
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let release = built_as_release();
+    let mut build = escargot::CargoBuild::new()
+        .manifest_path(&manifest)
+        .package("unimesh-shell")
+        .bin("unimesh");
+    if release {
+        build = build.release();
+    }
+    // The target directory is cargo's choice (CARGO_TARGET_DIR, config or <workspace>/target),
+    // the same one the tests were built in, so an up-to-date binary costs a no-op build.
+    eprintln!(
+        "building unimesh ({}) with cargo...",
+        if release { "release" } else { "debug" }
+    );
+    let run = build
+        .run()
+        .map_err(|e| format!("`cargo build -p unimesh-shell --bin unimesh` failed: {e}"))?;
+    let path = run.path().to_owned();
+    eprintln!("unimesh binary: {}", path.display());
+    Ok(path)
+}
+
+/// Whether the running test (or example) binary was built in the release profile: its path
+/// is `<target>/release/deps/<name>` (tests) or `<target>/release/examples/<name>`.
+pub fn built_as_release() -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent()?.file_name().map(|n| n == "release"))
+        .unwrap_or(false)
+}
+
+// ----- HTTP -----
+
+/// A blocking HTTP agent that reports every status as a response, with no proxy (a CI
+/// proxy variable must not capture requests to 127.0.0.1).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(REQUEST_TIMEOUT))
+        .max_idle_connections(256)
+        .max_idle_connections_per_host(256)
+        .build()
+        .into()
+}
+
+/// One request being built.
+#[must_use]
+pub struct Call {
+    agent: ureq::Agent,
+    method: String,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
+}
+
+impl Call {
+    pub fn new(agent: &ureq::Agent, method: &str, url: impl Into<String>) -> Self {
+        Self {
+            agent: agent.clone(),
+            method: method.to_owned(),
+            url: url.into(),
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.body = Some(body.into());
+        self
+    }
+
+    /// A JSON body with `content-type: application/json`.
+    pub fn json(self, value: &Value) -> Self {
+        self.header("content-type", "application/json")
+            .body(value.to_string())
+    }
+
+    /// Sends the request; a transport failure is an `Err` naming the request.
+    pub fn try_send(self) -> Result<Resp, String> {
+        let what = format!("{} {}", self.method, self.url);
+        let mut builder = ureq::http::Request::builder()
+            .method(self.method.as_str())
+            .uri(&self.url);
+        for (k, v) in &self.headers {
+            builder = builder.header(k.as_str(), v.as_str());
+        }
+        let result = match self.body {
+            Some(b) => builder
+                .body(b)
+                .map_err(|e| format!("{what}: cannot build the request: {e}"))
+                .and_then(|r| self.agent.run(r).map_err(|e| format!("{what}: {e}"))),
+            None => builder
+                .body(())
+                .map_err(|e| format!("{what}: cannot build the request: {e}"))
+                .and_then(|r| self.agent.run(r).map_err(|e| format!("{what}: {e}"))),
+        };
+        let mut response = result?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_ascii_lowercase(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_RESPONSE_BYTES)
+            .read_to_vec()
+            .map_err(|e| format!("{what}: reading the answer: {e}"))?;
+        Ok(Resp {
+            what,
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// Sends the request; panics on a transport failure.
+    pub fn send(self) -> Resp {
+        match self.try_send() {
+            Ok(r) => r,
+            Err(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+/// An answer: status, headers (names lower-case) and body.
+#[derive(Clone, Debug)]
+pub struct Resp {
+    /// `METHOD url`, for messages.
+    pub what: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON; panics (showing the body) if it is not.
+    pub fn json(&self) -> Value {
+        match serde_json::from_slice(&self.body) {
+            Ok(v) => v,
+            Err(e) => panic!(
+                "{} answered {} with a body that is not JSON ({e}): {}",
+                self.what,
+                self.status,
+                self.text()
+            ),
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Asserts the status, showing the body when it differs.
+    pub fn expect(&self, status: u16) -> &Self {
+        assert_eq!(
+            self.status,
+            status,
+            "{} answered {} (expected {status}): {}",
+            self.what,
+            self.status,
+            self.text()
+        );
+        self
+    }
+
+    /// Asserts the status and JSON body of an answer that must succeed.
+    pub fn ok_json(&self, status: u16) -> Value {
+        self.expect(status);
+        self.json()
+    }
+
+    /// Asserts a DESIGN.md §5.1 error: this status, a JSON object of exactly two strings
+    /// `error` (this code) and `message` (not empty). Returns the message.
+    pub fn expect_error(&self, status: u16, code: &str) -> String {
+        self.expect(status);
+        let v = self.json();
+        let obj = v
+            .as_object()
+            .unwrap_or_else(|| panic!("{}: error body is not an object: {v}", self.what));
+        assert_eq!(
+            obj.len(),
+            2,
+            "{}: error body has other members than error and message: {v}",
+            self.what
+        );
+        assert_eq!(
+            obj.get("error").and_then(Value::as_str),
+            Some(code),
+            "{}: wrong error code: {v}",
+            self.what
+        );
+        let message = obj
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("{}: no message string: {v}", self.what));
+        assert!(!message.trim().is_empty(), "{}: empty message", self.what);
+        if let Some(ct) = self.header("content-type") {
+            assert!(
+                ct.starts_with("application/json"),
+                "{}: error content type {ct}",
+                self.what
+            );
+        }
+        message.to_owned()
+    }
+
+    /// [`Resp::expect_error`], and the message must contain every one of `words`.
+    pub fn expect_error_naming(&self, status: u16, code: &str, words: &[&str]) -> String {
+        let message = self.expect_error(status, code);
+        for w in words {
+            assert!(
+                message.contains(w),
+                "{}: the message should name {w:?}: {message}",
+                self.what
+            );
+        }
+        message
+    }
+}
+
+// ----- the server -----
+
+/// How to start a server.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    toml: String,
+    env: Vec<(String, String)>,
+}
+
+impl Options {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// TOML appended to the configuration file (see `shell/src/config.rs`), e.g.
+    /// `"[mesh]\nflush_interval_ms = 20\n"`.
+    pub fn toml(mut self, text: &str) -> Self {
+        self.toml.push_str(text);
+        if !self.toml.ends_with('\n') {
+            self.toml.push('\n');
+        }
+        self
+    }
+
+    /// An environment variable of the server process.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+}
+
+/// One `unimesh serve` process on its own temporary data directory, restartable on it.
+pub struct Server {
+    root: tempfile::TempDir,
+    opts: Options,
+    child: Option<Child>,
+    http: SocketAddr,
+    admin: SocketAddr,
+    /// Starts so far (1 after `start`).
+    incarnation: u32,
+    agent: ureq::Agent,
+}
+
+impl Server {
+    /// Starts a server with the default configuration.
+    pub fn start_default() -> Self {
+        Self::start(Options::new())
+    }
+
+    /// Starts a server and waits until it is ready. Panics (with its stderr) if it is not.
+    pub fn start(opts: Options) -> Self {
+        let root = match tempfile::Builder::new().prefix("unimesh-test-").tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("cannot create a temporary directory: {e}"),
+        };
+        let config = root.path().join("unimesh.toml");
+        if let Err(e) = std::fs::write(&config, &opts.toml) {
+            panic!("cannot write {}: {e}", config.display());
+        }
+        let unspecified = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut s = Server {
+            root,
+            opts,
+            child: None,
+            http: unspecified,
+            admin: unspecified,
+            incarnation: 0,
+            agent: agent(),
+        };
+        s.launch();
+        s
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.root.path().join("unimesh.toml")
+    }
+
+    fn stderr_path(&self, incarnation: u32) -> PathBuf {
+        self.root.path().join(format!("stderr-{incarnation}.log"))
+    }
+
+    /// Starts the process (on fresh free ports) and waits for readiness. A port taken between
+    /// choosing it and the server binding it is retried with other ports.
+    fn launch(&mut self) {
+        assert!(self.child.is_none(), "the server is already running");
+        let bin = unimesh_bin();
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            self.incarnation += 1;
+            let (http, admin) = free_ports();
+            self.http = http;
+            self.admin = admin;
+            self.agent = agent();
+            let log = self.stderr_path(self.incarnation);
+            let (out, err) = match File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
+                Ok(pair) => pair,
+                Err(e) => panic!("cannot create {}: {e}", log.display()),
+            };
+            let mut cmd = Command::new(bin);
+            cmd.arg("serve")
+                .arg("--http")
+                .arg(http.to_string())
+                .arg("--admin")
+                .arg(admin.to_string())
+                .arg("--data")
+                .arg(self.data_dir())
+                .arg("--config")
+                .arg(self.config_path())
+                .current_dir(self.root.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(out))
+                .stderr(Stdio::from(err));
+            // Hermetic: only the variables this test chose reach the server.
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("UNIMESH_") {
+                    cmd.env_remove(k);
+                }
+            }
+            for (k, v) in &self.opts.env {
+                cmd.env(k, v);
+            }
+            let child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => panic!("cannot run {}: {e}", bin.display()),
+            };
+            self.child = Some(child);
+            match self.wait_ready() {
+                Ok(()) => return,
+                Err(e) => {
+                    let log = self.stderr();
+                    self.kill9();
+                    if log.contains("cannot listen") {
+                        last_error = e;
+                        continue;
+                    }
+                    panic!("{e}\n--- server stderr ---\n{log}");
+                }
+            }
+        }
+        panic!("the server could not bind free ports: {last_error}");
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let url = self.admin_url("/admin/ready");
+        let quick = quick_agent();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        return Err(format!("unimesh exited before it was ready: {status}"))
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("cannot watch the unimesh process: {e}")),
+                }
+            }
+            if let Ok(r) = Call::new(&quick, "GET", &url).try_send() {
+                if r.status == 200 {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(format!(
+                    "unimesh was not ready within {READY_TIMEOUT:?} (GET {url})"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the server again on the same data directory (after [`Server::kill9`] or
+    /// [`Server::terminate`]) and waits for readiness. Ports change.
+    pub fn restart(&mut self) {
+        self.launch();
+    }
+
+    /// Kills the process with SIGKILL (no chance to flush anything) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // std's `kill` is SIGKILL on Unix.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its exit status. Panics if
+    /// it does not exit within [`STOP_TIMEOUT`].
+    pub fn terminate(&mut self) -> ExitStatus {
+        let Some(mut child) = self.child.take() else {
+            panic!("terminate: the server is not running");
+        };
+        signal(&child, libc::SIGTERM);
+        let started = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if started.elapsed() < STOP_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "unimesh did not stop within {STOP_TIMEOUT:?} of SIGTERM\n--- stderr ---\n{}",
+                        self.stderr()
+                    );
+                }
+                Err(e) => panic!("cannot wait for unimesh: {e}"),
+            }
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// The stderr (and stdout) of the current (or last) incarnation.
+    pub fn stderr(&self) -> String {
+        self.stderr_of(self.incarnation)
+    }
+
+    pub fn stderr_of(&self, incarnation: u32) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = File::open(self.stderr_path(incarnation)) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    pub fn http_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// The agent of the current incarnation (for threads).
+    pub fn agent(&self) -> ureq::Agent {
+        self.agent.clone()
+    }
+
+    /// A request to the traffic listener.
+    pub fn call(&self, method: &str, path: &str) -> Call {
+        Call::new(&self.agent, method, self.http_url(path))
+    }
+
+    /// A request to the admin listener.
+    pub fn admin(&self, method: &str, path: &str) -> Call {
+        Call::new(&self.agent, method, self.admin_url(path))
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        self.call("GET", path).send()
+    }
+
+    pub fn admin_get(&self, path: &str) -> Resp {
+        self.admin("GET", path).send()
+    }
+
+    // ----- publish -----
+
+    /// Publishes one event in binary mode: `ce-*` headers from the event's attributes
+    /// (everything but `data`/`datacontenttype`), `content-type` from `datacontenttype`,
+    /// the body as given.
+    pub fn publish_binary(&self, topic: &str, event: &Value, body: &[u8]) -> Resp {
+        binary_call(&self.agent, &self.http_url(&topic_path(topic)), event, body).send()
+    }
+
+    /// Publishes one event in structured mode.
+    pub fn publish_structured(&self, topic: &str, event: &Value) -> Resp {
+        self.call("POST", &topic_path(topic))
+            .header("content-type", "application/cloudevents+json")
+            .body(event.to_string())
+            .send()
+    }
+
+    /// Publishes events in batch mode.
+    pub fn publish_batch(&self, topic: &str, events: &[Value]) -> Resp {
+        self.call("POST", &topic_path(topic))
+            .header("content-type", "application/cloudevents-batch+json")
+            .body(Value::Array(events.to_vec()).to_string())
+            .send()
+    }
+
+    // ----- subscriptions -----
+
+    /// `PUT /v1/subscriptions/{group}` with this document; asserts 200 or 201.
+    pub fn subscribe(&self, group: &str, doc: &Value) -> Value {
+        let r = self
+            .call("PUT", &format!("/v1/subscriptions/{group}"))
+            .json(doc)
+            .send();
+        assert!(
+            r.status == 200 || r.status == 201,
+            "subscribe {group}: {} {}",
+            r.status,
+            r.text()
+        );
+        r.json()
+    }
+
+    /// One long-poll; asserts 200 and parses the deliveries.
+    pub fn poll(&self, group: &str, client: &str, max: u32, wait_ms: u64) -> Vec<Delivery> {
+        let r = self.poll_raw(group, client, max, wait_ms);
+        r.expect(200);
+        parse_deliveries(&r)
+    }
+
+    pub fn poll_raw(&self, group: &str, client: &str, max: u32, wait_ms: u64) -> Resp {
+        self.get(&format!(
+            "/v1/subscriptions/{group}/events?client={client}&max={max}&waitMs={wait_ms}"
+        ))
+    }
+
+    /// Polls until `n` deliveries have arrived for this client, or panics after `timeout`.
+    pub fn poll_n(&self, group: &str, client: &str, n: usize, timeout: Duration) -> Vec<Delivery> {
+        let mut got = Vec::new();
+        let started = Instant::now();
+        while got.len() < n {
+            assert!(
+                started.elapsed() < timeout,
+                "{group}/{client}: got {} of {n} deliveries within {timeout:?}",
+                got.len()
+            );
+            let want = u32::try_from(n - got.len()).unwrap_or(u32::MAX).min(1000);
+            got.extend(self.poll(group, client, want, 500));
+        }
+        got
+    }
+
+    pub fn ack(&self, group: &str, ids: &[&str]) -> Settled {
+        self.settle(group, "ack", &json!({ "deliveryIds": ids }))
+    }
+
+    pub fn nack(&self, group: &str, ids: &[&str], delay_ms: Option<u64>) -> Settled {
+        let mut body = json!({ "deliveryIds": ids });
+        if let Some(d) = delay_ms {
+            body["delayMs"] = json!(d);
+        }
+        self.settle(group, "nack", &body)
+    }
+
+    pub fn extend(&self, group: &str, ids: &[&str], extend_ms: Option<u64>) -> Settled {
+        let mut body = json!({ "deliveryIds": ids });
+        if let Some(e) = extend_ms {
+            body["extendMs"] = json!(e);
+        }
+        self.settle(group, "extend", &body)
+    }
+
+    /// `POST /v1/subscriptions/{group}/{verb}` with this body; asserts 200 and parses the
+    /// per-id answer.
+    pub fn settle(&self, group: &str, verb: &str, body: &Value) -> Settled {
+        let r = self
+            .call("POST", &format!("/v1/subscriptions/{group}/{verb}"))
+            .json(body)
+            .send();
+        Settled::parse(&r, verb)
+    }
+
+    // ----- admin -----
+
+    /// `GET /admin/offsets?topic=T`: rows keyed by (group, partition).
+    pub fn offsets(&self, topic: &str) -> BTreeMap<(String, u32), Value> {
+        let v = self
+            .admin_get(&format!("/admin/offsets?topic={topic}"))
+            .ok_json(200);
+        let rows = v["offsets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("offsets answer has no array: {v}"));
+        rows.iter()
+            .map(|r| {
+                let group = r["group"].as_str().unwrap_or_default().to_owned();
+                let partition = r["partition"]
+                    .as_u64()
+                    .and_then(|p| u32::try_from(p).ok())
+                    .unwrap_or_else(|| panic!("offset row without partition: {r}"));
+                ((group, partition), r.clone())
+            })
+            .collect()
+    }
+
+    /// `GET /metrics` as text.
+    pub fn metrics(&self) -> String {
+        self.admin_get("/metrics").expect(200).text()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.stderr();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "--- last lines of unimesh stderr (incarnation {}, data {}) ---",
+                self.incarnation,
+                self.data_dir().display()
+            );
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+        self.kill9();
+    }
+}
+
+/// Sends a signal to a child process.
+fn signal(child: &Child, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+        panic!("process id {} does not fit pid_t", child.id());
+    };
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, which
+    // has not been reaped (we hold its `Child` and have not waited on it), so the id cannot
+    // have been reused by another process.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}) failed: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Two distinct free ports on 127.0.0.1 (both held while the second is chosen).
+fn free_ports() -> (SocketAddr, SocketAddr) {
+    let bind = || match TcpListener::bind("127.0.0.1:0").and_then(|l| Ok((l.local_addr()?, l))) {
+        Ok(pair) => pair,
+        Err(e) => panic!("cannot find a free port: {e}"),
+    };
+    let (a, la) = bind();
+    let (b, lb) = bind();
+    drop((la, lb));
+    (a, b)
+}
+
+/// An agent with a short timeout, for readiness probes.
+fn quick_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .into()
+}
+
+pub fn topic_path(topic: &str) -> String {
+    format!("/v1/topics/{topic}/events")
+}
+
+/// A binary-mode publish request for `event` (see [`Server::publish_binary`]).
+pub fn binary_call(agent: &ureq::Agent, url: &str, event: &Value, body: &[u8]) -> Call {
+    let mut call = Call::new(agent, "POST", url);
+    if let Some(obj) = event.as_object() {
+        for (k, v) in obj {
+            match k.as_str() {
+                "data" | "data_base64" => {}
+                "datacontenttype" => {
+                    call = call.header("content-type", v.as_str().unwrap_or_default());
+                }
+                _ => {
+                    let text = match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    call = call.header(&format!("ce-{k}"), &text);
+                }
+            }
+        }
+    }
+    call.body(body.to_vec())
+}
+
+/// A minimal valid CloudEvent (structured form) with JSON data.
+pub fn event(id: &str, ty: &str, data: Value) -> Value {
+    json!({
+        "specversion": "1.0",
+        "id": id,
+        "source": "/unimesh/tests",
+        "type": ty,
+        "datacontenttype": "application/json",
+        "data": data,
+    })
+}
+
+/// One publish result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub id: String,
+    pub partition: u32,
+    pub offset: u64,
+}
+
+/// The results of a publish answer; asserts 200 and one result per event.
+pub fn published(r: &Resp, expected: usize) -> Vec<Published> {
+    let v = r.ok_json(200);
+    let results = v["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: no results array: {v}", r.what));
+    assert_eq!(
+        results.len(),
+        expected,
+        "{}: one result per event: {v}",
+        r.what
+    );
+    results
+        .iter()
+        .map(|x| Published {
+            id: x["id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("result without id: {x}"))
+                .to_owned(),
+            partition: x["partition"]
+                .as_u64()
+                .and_then(|p| u32::try_from(p).ok())
+                .unwrap_or_else(|| panic!("result without partition: {x}")),
+            offset: x["offset"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("result without offset: {x}")),
+        })
+        .collect()
+}
+
+/// One delivery of a long-poll answer.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub id: String,
+    pub attempt: u32,
+    /// The structured CloudEvent as delivered.
+    pub event: Value,
+    /// `emmqpartition`, parsed.
+    pub partition: u32,
+    /// `emmqoffset`, parsed.
+    pub offset: u64,
+}
+
+impl Delivery {
+    pub fn event_id(&self) -> &str {
+        self.event["id"].as_str().unwrap_or_default()
+    }
+}
+
+/// Parses a long-poll answer; every delivery must have a delivery id, an attempt and an
+/// event carrying `emmqpartition` and `emmqoffset` as decimal strings.
+pub fn parse_deliveries(r: &Resp) -> Vec<Delivery> {
+    let v = r.json();
+    let items = v
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: a poll answers an array: {v}", r.what));
+    items
+        .iter()
+        .map(|d| {
+            let id = d["deliveryId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("delivery without deliveryId: {d}"))
+                .to_owned();
+            let attempt = d["attempt"]
+                .as_u64()
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or_else(|| panic!("delivery without attempt: {d}"));
+            let event = d["event"].clone();
+            assert!(event.is_object(), "delivery without event object: {d}");
+            let partition = event["emmqpartition"]
+                .as_str()
+                .and_then(|s| s.parse::<u32>().ok())
+                .unwrap_or_else(|| panic!("event without a decimal emmqpartition: {d}"));
+            let offset = event["emmqoffset"]
+                .as_str()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("event without a decimal emmqoffset: {d}"));
+            Delivery {
+                id,
+                attempt,
+                event,
+                partition,
+                offset,
+            }
+        })
+        .collect()
+}
+
+/// The answer of ACK, NACK or extend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// `acked`, `nacked` or `extended`.
+    pub accepted: u64,
+    /// `(deliveryId, reason)` of every refused id, in request order.
+    pub rejected: Vec<(String, String)>,
+}
+
+impl Settled {
+    pub fn parse(r: &Resp, verb: &str) -> Self {
+        let v = r.ok_json(200);
+        let counted = match verb {
+            "ack" => "acked",
+            "nack" => "nacked",
+            "extend" => "extended",
+            other => panic!("unknown settle verb {other}"),
+        };
+        let accepted = v[counted]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}: no {counted} count: {v}", r.what));
+        let rejected = v["rejected"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}: no rejected array: {v}", r.what))
+            .iter()
+            .map(|x| {
+                (
+                    x["deliveryId"].as_str().unwrap_or_default().to_owned(),
+                    x["reason"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        Settled { accepted, rejected }
+    }
+
+    /// Asserts that every id was accepted.
+    pub fn all_ok(&self, n: usize) {
+        assert!(
+            self.rejected.is_empty(),
+            "ids were refused: {:?}",
+            self.rejected
+        );
+        assert_eq!(self.accepted, n as u64, "accepted count");
+    }
+}
+
+/// Calls `f` until it returns `Some`, sleeping `every` between tries; panics naming `what`
+/// after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A value of a Prometheus text exposition: the sample `name{labels}` (or `name` without
+/// labels when `labels` is empty), matched exactly.
+pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.rsplit_once(' ')?;
+        (k == key).then(|| v.parse().ok()).flatten()
+    })
+}
+
+/// A random-ish seed for tests that take one: `UNIMESH_TEST_SEED` if set, else the clock.
+/// Printed so a failure can be replayed.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = match std::env::var("UNIMESH_TEST_SEED") {
+        Ok(s) => match s.parse() {
+            Ok(n) => n,
+            Err(_) => panic!("UNIMESH_TEST_SEED={s:?} is not a u64"),
+        },
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    };
+    eprintln!("{test}: UNIMESH_TEST_SEED={seed}");
+    seed
+}
