@@ -863,8 +863,9 @@ impl Mesh {
     /// After every input: hand out what can be handed out, fetch where there is room, and
     /// make sure dirty state will be flushed.
     fn settle(&mut self) {
-        let lanes = std::mem::take(&mut self.cx.touched_lanes);
-        for (g, p) in lanes {
+        // The lists go back empty but with their capacity: no allocation per input.
+        let mut lanes = std::mem::take(&mut self.cx.touched_lanes);
+        for &(g, p) in &lanes {
             if let Some(group) = self.groups.get_mut(g as usize).and_then(Option::as_mut) {
                 if let Some(lane) = group.lanes.get_mut(&p) {
                     lane.touched = false;
@@ -872,12 +873,20 @@ impl Mesh {
                 maybe_fetch(&mut self.cx, group, p);
             }
         }
-        let groups = std::mem::take(&mut self.cx.touched_groups);
-        for g in groups {
+        lanes.clear();
+        if self.cx.touched_lanes.is_empty() {
+            self.cx.touched_lanes = lanes;
+        }
+        let mut groups = std::mem::take(&mut self.cx.touched_groups);
+        for &g in &groups {
             if let Some(group) = self.groups.get_mut(g as usize).and_then(Option::as_mut) {
                 group.touched = false;
                 dispatch(&mut self.cx, g, group);
             }
+        }
+        groups.clear();
+        if self.cx.touched_groups.is_empty() {
+            self.cx.touched_groups = groups;
         }
         let pending = !self.cx.dirty_lanes.is_empty()
             || !self.dirty_subscriptions.is_empty()
