@@ -113,6 +113,8 @@ pub struct Limits {
     /// Bytes of an oversized body read and thrown away before answering 413, so a client
     /// still writing its body reads the answer instead of a connection reset. Never buffered.
     pub drain_bytes: u64,
+    /// A request body must arrive within this time (408 otherwise).
+    pub body_read_timeout_ms: u64,
 }
 
 /// The HTTP servers themselves.
@@ -255,6 +257,7 @@ impl Default for Limits {
             max_dlq_page: 1_000,
             default_dlq_page: 100,
             drain_bytes: 64 << 20,
+            body_read_timeout_ms: 60_000,
         }
     }
 }
@@ -446,6 +449,9 @@ impl Config {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
             }
+        }
+        if l.body_read_timeout_ms == 0 {
+            return bad("limits.body_read_timeout_ms", "must be at least 1".into());
         }
         if l.max_event_bytes > l.max_request_bytes {
             return bad(

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use unimesh_core::{ClientId, GroupName, RateRule, TopicName};
 
-use super::body::{parse_json, read_limited, require_json};
+use super::body::{parse_json, read_body, require_json};
 use super::error::{code, ApiError};
 use super::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use super::query::Query;
@@ -182,13 +182,7 @@ where
     B::Error: std::fmt::Display,
 {
     require_json(&parts.headers)?;
-    read_limited(
-        body,
-        &parts.headers,
-        app.limits.max_json_bytes,
-        app.limits.drain_bytes,
-    )
-    .await
+    read_body(&app.limits, body, &parts.headers, app.limits.max_json_bytes).await
 }
 
 fn dlq_max(app: &App, parts: &Parts) -> Result<usize, ApiError> {

@@ -16,9 +16,46 @@ use hyper::body::Body;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use crate::config::Limits;
 
 /// The longest time spent throwing away an oversized body.
 const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// Reads the whole body if it is at most `limit` bytes and arrives within
+/// `limits.body_read_timeout_ms` (a client trickling its body cannot hold a connection slot
+/// forever).
+pub async fn read_body<B>(
+    limits: &Limits,
+    body: B,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, ApiError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let timeout = Duration::from_millis(limits.body_read_timeout_ms);
+    match tokio::time::timeout(
+        timeout,
+        read_limited(body, headers, limit, limits.drain_bytes),
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err(_) => {
+            let mut e = ApiError::new(
+                http::StatusCode::REQUEST_TIMEOUT,
+                super::error::code::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} ms",
+                    limits.body_read_timeout_ms
+                ),
+            );
+            e.close = true;
+            Err(e)
+        }
+    }
+}
 
 /// Reads the whole body if it is at most `limit` bytes.
 pub async fn read_limited<B>(
@@ -214,6 +251,34 @@ mod tests {
             .await
             .expect("fits");
         assert_eq!(got.len(), 50);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_ends_is_408() {
+        let limits = Limits {
+            body_read_timeout_ms: 20,
+            ..Limits::default()
+        };
+        let e = read_body(&limits, Pending, &HeaderMap::new(), 1024)
+            .await
+            .expect_err("times out");
+        assert_eq!(e.status, StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(e.code, "request-timeout");
+        assert!(e.close);
+    }
+
+    /// A client that sent its headers and then nothing.
+    struct Pending;
+
+    impl Body for Pending {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Pending
+        }
     }
 
     /// A body of data frames, like a chunked request.

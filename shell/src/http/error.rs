@@ -28,6 +28,7 @@ pub mod code {
     pub const METHOD_NOT_ALLOWED: &str = "method-not-allowed";
     pub const NOT_FOUND: &str = "not-found";
     pub const RATE_LIMITED: &str = "rate-limited";
+    pub const REQUEST_TIMEOUT: &str = "request-timeout";
     pub const TOO_LARGE: &str = "too-large";
     pub const UNAVAILABLE: &str = "unavailable";
     pub const UNKNOWN_GROUP: &str = "unknown-group";

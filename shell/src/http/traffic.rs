@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use unimesh_core::{ClientId, DeliveryId, GroupName, Settle, TopicName};
 
-use super::body::{parse_json, read_limited, require_json};
+use super::body::{parse_json, read_body, require_json};
 use super::error::{code, ApiError};
 use super::query::Query;
 use super::router::{Matched, RouteId};
@@ -103,11 +103,11 @@ where
     no_query(parts)?;
     // The content type decides the mode: refuse an unreadable one before reading the body.
     publish_mode(&parts.headers)?;
-    let bytes = read_limited(
+    let bytes = read_body(
+        &app.limits,
         body,
         &parts.headers,
         app.publish.max_request_bytes,
-        app.limits.drain_bytes,
     )
     .await?;
     let events = parse_publish(&parts.headers, &bytes, &app.publish)?;
@@ -142,13 +142,7 @@ where
 {
     no_query(parts)?;
     require_json(&parts.headers)?;
-    let bytes = read_limited(
-        body,
-        &parts.headers,
-        app.limits.max_json_bytes,
-        app.limits.drain_bytes,
-    )
-    .await?;
+    let bytes = read_body(&app.limits, body, &parts.headers, app.limits.max_json_bytes).await?;
     // Broken JSON is `invalid-json` as on every other route; what is wrong inside a
     // well-formed document is `invalid-subscription`, naming the field.
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
@@ -331,13 +325,7 @@ where
 {
     no_query(parts)?;
     require_json(&parts.headers)?;
-    let bytes = read_limited(
-        body,
-        &parts.headers,
-        app.limits.max_json_bytes,
-        app.limits.drain_bytes,
-    )
-    .await?;
+    let bytes = read_body(&app.limits, body, &parts.headers, app.limits.max_json_bytes).await?;
     let limits = &app.subscription;
     let (raw_ids, how, counted) = match kind {
         SettleKind::Ack => {
