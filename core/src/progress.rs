@@ -101,6 +101,21 @@ impl Progress {
         if end <= start || end <= self.watermark {
             return false;
         }
+        if start <= self.watermark {
+            // The common case, an in-order ACK: the watermark moves, possibly onto the
+            // first range (ranges start above the watermark and never touch each other).
+            match self.ranges.first_key_value() {
+                None => {
+                    self.watermark = end;
+                    return true;
+                }
+                Some((&s, _)) if s > end => {
+                    self.watermark = end;
+                    return true;
+                }
+                _ => {}
+            }
+        }
         let start = start.max(self.watermark);
         if self.covered(start, end) {
             return false;
