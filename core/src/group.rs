@@ -20,6 +20,8 @@ pub(crate) struct Client {
     /// When the client will be forgotten if it stays without credit and deliveries; `None`
     /// while it has either.
     pub idle_at: Option<Millis>,
+    /// It is in the group's `ready_clients`.
+    pub listed: bool,
     /// When its `ClientIdle` timer is due: at or before `idle_at`. The timer is armed once
     /// and left alone while the client goes busy and idle again (every cycle for a client
     /// taking one record at a time); when it fires early it moves to `idle_at`.
@@ -137,28 +139,38 @@ impl Group {
         }
     }
 
-    /// Changes a client and keeps `ready_clients` exact.
+    /// Changes a client and keeps `ready_clients` exact, touching the set only when the
+    /// client's place in it changes.
     pub fn update_client<R>(&mut self, slot: u32, f: impl FnOnce(&mut Client) -> R) -> Option<R> {
         let max = self.spec.max_in_flight_per_client;
         let c = self.clients.get_mut(slot as usize)?.as_mut()?;
-        self.ready_clients.remove(&(c.in_flight, slot));
+        let (was, before) = (c.listed, c.in_flight);
         let r = f(c);
-        if c.credit > 0 && c.in_flight < max {
+        let ready = c.credit > 0 && c.in_flight < max;
+        if was && (!ready || c.in_flight != before) {
+            self.ready_clients.remove(&(before, slot));
+        }
+        if ready && (!was || c.in_flight != before) {
             self.ready_clients.insert((c.in_flight, slot));
         }
+        c.listed = ready;
         Some(r)
     }
 
     /// Re-evaluates a lane's place in `ready_lanes`.
     pub fn sync_lane(&mut self, partition: Partition) {
-        let ready = self
-            .lanes
-            .get(&partition)
-            .is_some_and(|l| !l.ready.is_empty());
-        if ready {
-            self.ready_lanes.insert(partition);
-        } else {
+        let Some(lane) = self.lanes.get_mut(&partition) else {
             self.ready_lanes.remove(&partition);
+            return;
+        };
+        let ready = !lane.ready.is_empty();
+        if ready != lane.listed {
+            if ready {
+                self.ready_lanes.insert(partition);
+            } else {
+                self.ready_lanes.remove(&partition);
+            }
+            lane.listed = ready;
         }
     }
 

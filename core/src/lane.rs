@@ -281,6 +281,8 @@ pub(crate) struct Lane {
     /// The watermark at the last invariant check (C3: it never regresses otherwise).
     pub checked_watermark: Offset,
     pub paused_for_ranges: bool,
+    /// It is in its group's `ready_lanes`.
+    pub listed: bool,
 }
 
 impl Lane {
@@ -310,6 +312,7 @@ impl Lane {
             rewound: false,
             checked_watermark: watermark,
             paused_for_ranges: false,
+            listed: false,
         }
     }
 

@@ -492,6 +492,7 @@ impl Mesh {
                     credit: 0,
                     in_flight: 0,
                     last_active_ms: self.cx.now,
+                    listed: false,
                     idle_at: None,
                     idle_deadline: None,
                 };
@@ -1277,7 +1278,9 @@ impl Mesh {
                 if lane.ready.len() > lane.entries.len() {
                     return Err(format!("{at}: ready set holds unknown entries"));
                 }
-                if group.ready_lanes.contains(&p) == lane.ready.is_empty() {
+                if group.ready_lanes.contains(&p) == lane.ready.is_empty()
+                    || lane.listed == lane.ready.is_empty()
+                {
                     return Err(format!("{at}: ready-lane set disagrees"));
                 }
                 if let FetchState::RetryAt(t) = lane.fetch {
@@ -1356,7 +1359,8 @@ impl Mesh {
                     return Err(format!("{name}/{}: holdings disagree", c.id));
                 }
                 let ready = c.credit > 0 && c.in_flight < max_in_flight;
-                if group.ready_clients.contains(&(c.in_flight, slot)) != ready {
+                if group.ready_clients.contains(&(c.in_flight, slot)) != ready || c.listed != ready
+                {
                     return Err(format!("{name}/{}: ready-client set disagrees", c.id));
                 }
                 if c.idle_at.is_some() != (c.credit == 0 && c.in_flight == 0) {
@@ -2220,10 +2224,12 @@ fn dispatch(cx: &mut Ctx, g: u32, group: &mut Group) {
             continue;
         };
         let Some(offset) = lane.ready.pop_first() else {
+            lane.listed = false;
             group.ready_lanes.remove(&p);
             continue;
         };
         if lane.ready.is_empty() {
+            lane.listed = false;
             group.ready_lanes.remove(&p);
         }
         let Some(entry) = lane.entries.get_mut(&offset) else {
