@@ -132,6 +132,7 @@ pub(crate) struct EngineTask {
     /// DLQ records currently in a group's replay lane, so a second replay does not repeat them.
     replaying: BTreeMap<GroupName, BTreeSet<(Partition, Offset)>>,
     shutdown: Option<Reply<()>>,
+    last_closed_scan: Instant,
 }
 
 impl EngineTask {
@@ -166,6 +167,7 @@ impl EngineTask {
             ticket_waiters: BTreeMap::new(),
             replaying: BTreeMap::new(),
             shutdown: None,
+            last_closed_scan: Instant::now(),
         }
     }
 
@@ -281,6 +283,20 @@ impl EngineTask {
     fn on_tick(&mut self) {
         let _ = self.handle(Input::Tick);
         let now = Instant::now();
+        if now.duration_since(self.last_closed_scan) >= Duration::from_millis(50) {
+            self.last_closed_scan = now;
+            // A poll whose HTTP request went away (client disconnected) must lose its credit
+            // before the core hands it deliveries that could only come back as NACKs.
+            let closed: Vec<_> = self
+                .waiters
+                .iter()
+                .filter(|(_, w)| w.reply.is_closed())
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in closed {
+                self.finish_waiter(&key);
+            }
+        }
         while let Some(&(t, id)) = self.poll_deadlines.first() {
             if t > now {
                 break;

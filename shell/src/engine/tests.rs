@@ -329,3 +329,23 @@ async fn rate_limit_refuses_over_the_rate() {
     let r = rig.handle.publish(&t("t"), events(3, None)).await;
     assert!(matches!(r, Err(EngineError::TooLarge(_))));
 }
+
+#[tokio::test]
+async fn an_abandoned_poll_loses_its_credit_before_anything_is_handed_to_it() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(spec("g", "t")).await.unwrap();
+    let h = rig.handle.clone();
+    let abandoned = tokio::spawn(async move { h.poll(&g("g"), &c("gone"), 10, 60_000).await });
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    abandoned.abort(); // the HTTP request went away
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    rig.handle.publish(&t("t"), events(3, None)).await.unwrap();
+    let got = take(&rig, "g", "live", 3).await;
+    assert_eq!(got.len(), 3);
+    assert!(
+        got.iter().all(|d| d.attempt == 1),
+        "nothing was wasted on the abandoned poll: {:?}",
+        got.iter().map(|d| d.attempt).collect::<Vec<_>>()
+    );
+}

@@ -413,7 +413,7 @@ async fn nack_and_extend_answer_per_id() {
             json!({"deliveryIds": [id], "extendMs": 60000}),
         )
         .await;
-    assert_eq!(a.json(), json!({"extended": 1, "rejected": []}));
+    assert_eq!(a.json(), json!({"acked": 1, "extended": 1, "rejected": []}));
     let a = rig
         .settle(
             "g",
@@ -423,7 +423,7 @@ async fn nack_and_extend_answer_per_id() {
         .await;
     assert_eq!(
         a.json(),
-        json!({"nacked": 1, "rejected": [{"deliveryId": "1.2", "reason": "malformed"}]})
+        json!({"acked": 1, "nacked": 1, "rejected": [{"deliveryId": "1.2", "reason": "malformed"}]})
     );
     let again = rig.take("g", "c", 1).await;
     assert_eq!(again[0]["attempt"], 2, "a NACKed delivery comes again");
