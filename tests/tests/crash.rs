@@ -189,7 +189,7 @@ impl Run {
                 let i = self.next_event;
                 self.next_event += 1;
                 let mut e = event(&format!("{prefix}{i}"), "crash.test", json!({ "i": i }));
-                if i % 3 == 0 {
+                if i % 3 == 1 {
                     e["partitionkey"] = json!(format!("k{}", i % 17));
                 }
                 e
