@@ -1193,6 +1193,7 @@ impl Mesh {
                 let at = format!("{name}/{p}");
                 lane.progress.check().map_err(|e| format!("{at}: {e:?}"))?;
                 lane.entries.check().map_err(|e| format!("{at}: {e}"))?;
+                lane.ready.check().map_err(|e| format!("{at}: {e}"))?;
                 let wm = lane.progress.watermark();
                 // C3: never passes an un-done offset...
                 if let Some((&first, _)) = lane.entries.first_key_value() {
@@ -1497,7 +1498,9 @@ fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset)
     let keyed = group.spec.ordering == Ordering::Key;
     let lane = group.lanes.get_mut(&p)?;
     let entry = lane.entries.remove(&offset)?;
-    lane.ready.remove(&offset);
+    if entry.eligible() {
+        lane.ready.remove(&offset);
+    }
     let mut client = None;
     match entry.state {
         EntryState::InFlight {
@@ -2024,7 +2027,7 @@ fn admit(
         }
     }
     lane.entries.insert(slot, entry);
-    lane.offer(slot);
+    lane.offer_fresh(slot);
     group.sync_lane(p);
 }
 
@@ -2075,7 +2078,8 @@ fn out_of_range(
         let to = lane.cursor;
         let above: Vec<Offset> = lane.entries.offsets_from(end).collect();
         let not_done = lane.progress.not_done_between(end, to);
-        for o in above {
+        // From the top: fresh ready offsets then leave the end of their deque.
+        for o in above.into_iter().rev() {
             drop_entry(cx, g, group, p, o);
         }
         let Some(lane) = group.lanes.get_mut(&p) else {
@@ -2122,7 +2126,9 @@ fn drop_entry(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Off
     let Some(entry) = lane.entries.remove(&offset) else {
         return;
     };
-    lane.ready.remove(&offset);
+    if entry.eligible() {
+        lane.ready.remove(&offset);
+    }
     if let Some(t) = entry.ledger_needed {
         lane.awaiting_ledger.remove(&(t, offset));
     }
