@@ -1507,9 +1507,9 @@ fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset)
             client: c,
             deadline,
             moved,
-            ..
+            seq,
         } => {
-            forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
+            forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
             client = Some(c);
         }
         EntryState::Backoff { until } => {
@@ -1570,7 +1570,7 @@ fn end_delivery(
         client,
         deadline,
         moved,
-        ..
+        seq,
     } = entry.state
     else {
         return;
@@ -1584,7 +1584,7 @@ fn end_delivery(
         dead_letter(cx, g, group, p, offset, reason);
         return;
     }
-    forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
+    forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
     let next = entry.attempts + 1;
     let delay = delay.unwrap_or_else(|| group.spec.backoff.delay_ms(next));
     if lane.persistent {
@@ -1669,14 +1669,17 @@ fn extend(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset,
             seq,
             moved: true,
         };
-        forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
+        forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
         group.acks.moved.insert((to, p, offset));
         rearm_acks(cx, g, &mut group.acks);
     }
 }
 
-/// A delivery stops being in flight under its deadline: its FIFO entry (found dead later)
-/// stops counting as live, or its moved deadline goes.
+/// A delivery stops being in flight under its deadline: its FIFO entry stops counting as
+/// live, or its moved deadline goes. A dead entry at the back, or at the front with an
+/// equal deadline behind it, is dropped at once (the timer's deadline stays the same):
+/// with ACKs in delivery order the FIFO then needs no compaction.
+#[allow(clippy::too_many_arguments)]
 fn forget_deadline(
     cx: &mut Ctx,
     g: u32,
@@ -1684,13 +1687,22 @@ fn forget_deadline(
     p: Partition,
     offset: Offset,
     deadline: Millis,
+    seq: u64,
     moved: bool,
 ) {
     if moved {
         acks.moved.remove(&(deadline, p, offset));
         rearm_acks(cx, g, acks);
-    } else {
-        acks.live -= 1;
+        return;
+    }
+    acks.live -= 1;
+    let fifo = &mut acks.fifo;
+    if fifo.len() >= 2 && fifo.back().is_some_and(|d| d.seq == seq) {
+        fifo.pop_back();
+    } else if fifo.front().is_some_and(|d| d.seq == seq)
+        && fifo.get(1).is_some_and(|d| d.deadline == deadline)
+    {
+        fifo.pop_front();
     }
 }
 
@@ -1864,9 +1876,9 @@ fn drop_lane(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition) -> Option<La
                 client,
                 deadline,
                 moved,
-                ..
+                seq,
             } => {
-                forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
+                forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
                 unhold(cx, g, group, client);
             }
             EntryState::Backoff { until } => {
@@ -2149,9 +2161,9 @@ fn drop_entry(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Off
             client: c,
             deadline,
             moved,
-            ..
+            seq,
         } => {
-            forget_deadline(cx, g, &mut group.acks, p, offset, deadline, moved);
+            forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
             client = Some(c);
         }
         EntryState::Backoff { until } => {
