@@ -672,6 +672,7 @@ impl Mesh {
                 0,
             );
         }
+        group.sync_lane(REPLAY_PARTITION);
         self.cx.touch_group(g, group);
         Response::Ok
     }
@@ -1958,6 +1959,7 @@ fn intake(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, records: Vec<Re
         let attempts = lane.ledger.get(&offset).copied().unwrap_or(0);
         admit(cx, g, group, p, offset, p, record, attempts);
     }
+    group.sync_lane(p);
     if let Some(lane) = group.lanes.get_mut(&p) {
         // Ledger entries below the watermark belong to records that are done.
         let wm = lane.progress.watermark();
@@ -1967,7 +1969,8 @@ fn intake(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, records: Vec<Re
     }
 }
 
-/// Places one record in a lane as an entry (or dead-letters it at once).
+/// Places one record in a lane as an entry (or dead-letters it at once). The caller then
+/// calls `sync_lane` once for its whole batch.
 #[allow(clippy::too_many_arguments)]
 fn admit(
     cx: &mut Ctx,
@@ -2040,7 +2043,7 @@ fn admit(
     }
     lane.entries.insert(slot, entry);
     lane.offer_fresh(slot);
-    group.sync_lane(p);
+    // The caller syncs the lane's place in ready_lanes once, after its batch.
 }
 
 fn out_of_range(
