@@ -116,6 +116,8 @@ pub struct Call {
     url: String,
     headers: Vec<(String, String)>,
     body: Option<Vec<u8>>,
+    /// Send the body with `transfer-encoding: chunked` (no `content-length`).
+    chunked: bool,
 }
 
 impl Call {
@@ -126,6 +128,7 @@ impl Call {
             url: url.into(),
             headers: Vec::new(),
             body: None,
+            chunked: false,
         }
     }
 
@@ -136,6 +139,14 @@ impl Call {
 
     pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
         self.body = Some(body.into());
+        self
+    }
+
+    /// A body sent in chunks without `content-length`, so the server cannot refuse it by its
+    /// declared size and must count while reading.
+    pub fn chunked_body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.body = Some(body.into());
+        self.chunked = true;
         self
     }
 
@@ -155,6 +166,10 @@ impl Call {
             builder = builder.header(k.as_str(), v.as_str());
         }
         let result = match self.body {
+            Some(b) if self.chunked => builder
+                .body(ureq::SendBody::from_owned_reader(std::io::Cursor::new(b)))
+                .map_err(|e| format!("{what}: cannot build the request: {e}"))
+                .and_then(|r| self.agent.run(r).map_err(|e| format!("{what}: {e}"))),
             Some(b) => builder
                 .body(b)
                 .map_err(|e| format!("{what}: cannot build the request: {e}"))
