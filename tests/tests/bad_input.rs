@@ -61,6 +61,9 @@ fn batch(s: &Server, body: &str) -> Resp {
         .send()
 }
 
+/// `ce-*` headers of a binary-mode publish.
+type Headers = Vec<(&'static str, &'static str)>;
+
 const SPEC: (&str, &str) = ("ce-specversion", "1.0");
 const ID: (&str, &str) = ("ce-id", "x1");
 const SOURCE: (&str, &str) = ("ce-source", "/s");
@@ -73,7 +76,7 @@ fn malformed_cloudevents_are_refused_naming_the_attribute_and_store_nothing() {
     assert_eq!(before, 1);
 
     // Binary mode: each required attribute missing, then bad values.
-    let cases: Vec<(Vec<(&str, &str)>, &[&str])> = vec![
+    let cases: Vec<(Headers, &[&str])> = vec![
         (vec![SOURCE, TYPE, SPEC], &["ce-id", "missing"]),
         (vec![ID, TYPE, SPEC], &["ce-source", "missing"]),
         (vec![ID, SOURCE, SPEC], &["ce-type", "missing"]),
