@@ -144,7 +144,7 @@ impl Collector for SnapshotCollector {
 
         let mut family = encoder.encode_descriptor(
             "unimesh_delivered",
-            "Deliveries handed to clients (first attempts and redeliveries), per group",
+            "First attempts handed to clients, per group (later ones: unimesh_redelivered_total)",
             None,
             MetricType::Counter,
         )?;
