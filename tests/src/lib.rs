@@ -510,10 +510,19 @@ impl Server {
     /// Sends SIGTERM and waits for the process to exit; returns its exit status. Panics if
     /// it does not exit within [`STOP_TIMEOUT`].
     pub fn terminate(&mut self) -> ExitStatus {
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// Sends SIGINT (Ctrl-C) and waits like [`Server::terminate`].
+    pub fn interrupt(&mut self) -> ExitStatus {
+        self.stop_with(libc::SIGINT)
+    }
+
+    fn stop_with(&mut self, sig: libc::c_int) -> ExitStatus {
         let Some(mut child) = self.child.take() else {
-            panic!("terminate: the server is not running");
+            panic!("stop: the server is not running");
         };
-        signal(&child, libc::SIGTERM);
+        signal(&child, sig);
         let started = Instant::now();
         loop {
             match child.try_wait() {
@@ -525,7 +534,7 @@ impl Server {
                     let _ = child.kill();
                     let _ = child.wait();
                     panic!(
-                        "unimesh did not stop within {STOP_TIMEOUT:?} of SIGTERM\n--- stderr ---\n{}",
+                        "unimesh did not stop within {STOP_TIMEOUT:?} of signal {sig}\n--- stderr ---\n{}",
                         self.stderr()
                     );
                 }
