@@ -12,6 +12,9 @@ use unimesh_tests::{event, json, published, Delivery, Options, Server, Value};
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// (partition, offset) of records.
+type Positions = BTreeSet<(u32, u64)>;
+
 fn slow_flush() -> Options {
     Options::new().toml("[mesh]\nflush_interval_ms = 600000\n[server]\nshutdown_grace_ms = 3000\n")
 }
@@ -26,11 +29,7 @@ fn setup(s: &Server, group: &str, topic: &str, n: usize) -> Vec<Delivery> {
 }
 
 /// ACKs every delivery but every fourth, out of order; returns (acked, held) positions.
-fn ack_most(
-    s: &Server,
-    group: &str,
-    d: &[Delivery],
-) -> (BTreeSet<(u32, u64)>, BTreeSet<(u32, u64)>) {
+fn ack_most(s: &Server, group: &str, d: &[Delivery]) -> (Positions, Positions) {
     let mut acked = BTreeSet::new();
     let mut held = BTreeSet::new();
     let mut ids = Vec::new();
