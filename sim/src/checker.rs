@@ -1393,9 +1393,13 @@ impl Checker {
         Ok(())
     }
 
-    /// Whether every lane of every group is durably done up to the log end.
+    /// Whether every lane of every group is durably done up to the log end, with no seek
+    /// whose own checkpoint is not durable yet.
     pub fn converged(&self) -> bool {
         self.groups.values().all(|g| {
+            if g.lanes.values().any(|l| l.seek_pending) {
+                return false;
+            }
             self.logs.iter().all(|((topic, p), log)| {
                 if *topic != g.topic {
                     return true;

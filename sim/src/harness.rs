@@ -431,11 +431,19 @@ impl Sim {
         {
             return false;
         }
+        // The durable state alone is not enough: a seek may have moved a lane back after
+        // its last checkpoint was written, so the mesh's own lanes must agree.
         self.groups.iter().all(|g| {
             g.revoked.is_empty()
                 && mesh.group_view(&g.name).is_some_and(|v| {
                     v.replay
                         .is_none_or(|r| r.in_flight + r.queued + r.backoff == 0)
+                        && v.lanes.iter().all(|l| {
+                            let end = self.broker.end(l.partition);
+                            l.watermark == end
+                                && l.durable_watermark == Some(end)
+                                && l.in_flight + l.queued + l.backoff == 0
+                        })
                 })
         })
     }
