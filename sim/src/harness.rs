@@ -441,7 +441,8 @@ impl Sim {
                         && v.lanes.iter().all(|l| {
                             let end = self.broker.end(l.partition);
                             l.watermark == end
-                                && l.durable_watermark == Some(end)
+                                // None: not written in this incarnation (the store has it).
+                                && l.durable_watermark.is_none_or(|d| d == end)
                                 && l.in_flight + l.queued + l.backoff == 0
                         })
                 })
