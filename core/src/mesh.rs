@@ -1475,16 +1475,16 @@ fn is_current(state: EntryState, attempts: u32, id: &DeliveryId) -> bool {
 
 /// The record is done for the group: ACKed (possibly by an earlier attempt's late ACK).
 fn ack(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset) {
-    let name = group.name.clone();
-    if let Some(entry) = retire(cx, g, group, p, offset) {
+    if let Some(retired) = retire(cx, g, group, p, offset) {
         if p == REPLAY_PARTITION {
+            let name = group.name.clone();
             if let Some(lane) = group.lanes.get_mut(&p) {
                 lane.unsynced_resolved.push((
                     cx.next_ticket,
                     DlqKey {
                         group: name,
-                        partition: entry.origin,
-                        offset: entry.record.offset,
+                        partition: retired.origin,
+                        offset: retired.record_offset,
                     },
                 ));
                 cx.dirty(g, lane);
@@ -1493,17 +1493,46 @@ fn ack(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset) {
     }
 }
 
+/// Where a retired record came from: what its DLQ key is made of.
+struct Retired {
+    origin: Partition,
+    record_offset: Offset,
+}
+
 /// Removes a not-done record because it is now done (ACKed or dead-lettered): frees its
-/// client and timers, marks progress, lets the next record of its key go.
-fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset) -> Option<Entry> {
+/// client and timers, marks progress, lets the next record of its key go. The entry is
+/// dropped where it lies (moving ~160 bytes out of the store was a visible cost), unless
+/// its key is needed to release the next record of that key.
+fn retire(
+    cx: &mut Ctx,
+    g: u32,
+    group: &mut Group,
+    p: Partition,
+    offset: Offset,
+) -> Option<Retired> {
     let keyed = group.spec.ordering == Ordering::Key;
     let lane = group.lanes.get_mut(&p)?;
-    let entry = lane.entries.remove(&offset)?;
-    if entry.eligible() {
+    let entry = lane.entries.get(&offset)?;
+    let (state, ledger_needed) = (entry.state, entry.ledger_needed);
+    let retired = Retired {
+        origin: entry.origin,
+        record_offset: entry.record.offset,
+    };
+    let eligible = entry.eligible();
+    let handle = entry.record.broker_handle.clone();
+    // A blocked entry never held its key (only dead-on-arrival entries retire blocked).
+    let holds_key = keyed && !entry.key_blocked && entry.record.partition_key().is_some();
+    let owned = if holds_key {
+        lane.entries.remove(&offset)
+    } else {
+        lane.entries.discard(&offset);
+        None
+    };
+    if eligible {
         lane.ready.remove(&offset);
     }
     let mut client = None;
-    match entry.state {
+    match state {
         EntryState::InFlight {
             client: c,
             deadline,
@@ -1525,19 +1554,16 @@ fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset)
         }
         EntryState::Queued => {}
     }
-    if let Some(t) = entry.ledger_needed {
+    if let Some(t) = ledger_needed {
         lane.awaiting_ledger.remove(&(t, offset));
     }
     lane.ledger.remove(&offset);
     lane.progress.mark_done(offset);
-    if let Some(h) = &entry.record.broker_handle {
-        lane.unsynced_broker_acks.push((cx.next_ticket, h.clone()));
+    if let Some(h) = handle {
+        lane.unsynced_broker_acks.push((cx.next_ticket, h));
     }
-    // A blocked entry never held its key (only dead-on-arrival entries retire blocked).
-    if keyed && !entry.key_blocked {
-        if let Some(k) = entry.record.partition_key() {
-            lane.release_key(k, offset);
-        }
+    if let Some(k) = owned.as_ref().and_then(|e| e.record.partition_key()) {
+        lane.release_key(k, offset);
     }
     cx.dirty(g, lane);
     cx.touch_lane(g, lane);
@@ -1546,7 +1572,7 @@ fn retire(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Offset)
         unhold(cx, g, group, c);
     }
     cx.touch_group(g, group);
-    Some(entry)
+    Some(retired)
 }
 
 /// Ends the current delivery of a record without it being done: redelivery after a backoff
@@ -1626,7 +1652,15 @@ fn dead_letter(
 ) {
     let topic = group.spec.topic.clone();
     let name = group.name.clone();
-    let Some(entry) = retire(cx, g, group, p, offset) else {
+    let Some((record, attempts)) = group
+        .lanes
+        .get(&p)
+        .and_then(|l| l.entries.get(&offset))
+        .map(|e| (e.record.clone(), e.attempts))
+    else {
+        return;
+    };
+    let Some(retired) = retire(cx, g, group, p, offset) else {
         return;
     };
     if let Some(lane) = group.lanes.get_mut(&p) {
@@ -1635,12 +1669,12 @@ fn dead_letter(
             DeadLetter {
                 key: DlqKey {
                     group: name,
-                    partition: entry.origin,
-                    offset: entry.record.offset,
+                    partition: retired.origin,
+                    offset: retired.record_offset,
                 },
                 topic,
-                record: entry.record,
-                attempts: entry.attempts,
+                record,
+                attempts,
                 reason,
             },
         ));
