@@ -112,10 +112,17 @@ pub fn start(
                 if alive.is_closed() {
                     break;
                 }
-                match log.enforce_retention(task::wall_ms()) {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(partitions = n, "retention deleted old records"),
-                    Err(e) => tracing::warn!(error = %e, "retention failed"),
+                // Retention deletes through RocksDB: blocking work, off the async workers.
+                let pass = {
+                    let log = log.clone();
+                    tokio::task::spawn_blocking(move || log.enforce_retention(task::wall_ms()))
+                        .await
+                };
+                match pass {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::info!(partitions = n, "retention deleted old records"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
+                    Err(e) => tracing::warn!(error = %e, "retention task failed"),
                 }
             }
         });
