@@ -507,6 +507,10 @@ impl Checker {
         lane.revoked_below = lane.max_lease + 1;
         lane.assigned = false;
         lane.void_pending_broker_acks();
+        // A seek whose lane is dropped before its checkpoint was written is lost with it:
+        // the next owner starts from the store (a checkpoint written after the seek, if one
+        // is still on its way, clears this anyway when it lands).
+        lane.seek_pending = false;
         lane.key_last.clear();
     }
 
