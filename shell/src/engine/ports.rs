@@ -81,6 +81,26 @@ pub trait StatePort: Send + Sync + 'static {
 
 // ----- the embedded log -----
 
+/// One read of the embedded log on the blocking pool (RocksDB calls block).
+async fn read_blocking(
+    log: EmbeddedLog,
+    topic: TopicName,
+    partition: Partition,
+    from: Offset,
+    max: usize,
+    max_bytes: usize,
+) -> LogRead {
+    let read =
+        tokio::task::spawn_blocking(move || log.read(&topic, partition, from, max, max_bytes))
+            .await;
+    match read {
+        Ok(Ok(ReadResult::Records { records, .. })) => LogRead::Records(records),
+        Ok(Ok(ReadResult::OutOfRange { earliest, end })) => LogRead::OutOfRange { earliest, end },
+        Ok(Err(e)) => LogRead::Failed(e.to_string()),
+        Err(e) => LogRead::Failed(format!("read task failed: {e}")),
+    }
+}
+
 impl LogPort for EmbeddedLog {
     fn fetch(
         &self,
@@ -93,27 +113,15 @@ impl LogPort for EmbeddedLog {
     ) -> BoxFut<LogRead> {
         let log = self.clone();
         Box::pin(async move {
-            let read = {
-                let (log, topic) = (log.clone(), topic.clone());
-                tokio::task::spawn_blocking(move || {
-                    log.read(&topic, partition, from, max, max_bytes)
-                })
-                .await
-            };
-            match read {
-                Ok(Ok(ReadResult::Records { records, .. })) if !records.is_empty() => {
-                    return LogRead::Records(records)
-                }
-                Ok(Ok(ReadResult::Records { .. })) => {}
-                Ok(Ok(ReadResult::OutOfRange { earliest, end })) => {
-                    return LogRead::OutOfRange { earliest, end }
-                }
-                Ok(Err(e)) => return LogRead::Failed(e.to_string()),
-                Err(e) => return LogRead::Failed(format!("read task failed: {e}")),
+            let first =
+                read_blocking(log.clone(), topic.clone(), partition, from, max, max_bytes).await;
+            if !matches!(&first, LogRead::Records(r) if r.is_empty()) {
+                return first;
             }
             // At the end: park until the writer publishes a new end, or the wait is over.
+            // The watch holds the current end, so an append since the read is not missed.
             let Ok(mut end) = log.watch_end(&topic, partition) else {
-                return LogRead::Records(Vec::new());
+                return first;
             };
             let waited = tokio::time::timeout(Duration::from_millis(wait_ms), async {
                 while *end.borrow_and_update() <= from {
@@ -124,20 +132,9 @@ impl LogPort for EmbeddedLog {
             })
             .await;
             if waited.is_err() {
-                return LogRead::Records(Vec::new());
+                return first;
             }
-            let read = tokio::task::spawn_blocking(move || {
-                log.read(&topic, partition, from, max, max_bytes)
-            })
-            .await;
-            match read {
-                Ok(Ok(ReadResult::Records { records, .. })) => LogRead::Records(records),
-                Ok(Ok(ReadResult::OutOfRange { earliest, end })) => {
-                    LogRead::OutOfRange { earliest, end }
-                }
-                Ok(Err(e)) => LogRead::Failed(e.to_string()),
-                Err(e) => LogRead::Failed(format!("read task failed: {e}")),
-            }
+            read_blocking(log, topic, partition, from, max, max_bytes).await
         })
     }
 
