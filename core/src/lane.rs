@@ -145,23 +145,39 @@ impl Entries {
     }
 
     pub fn remove(&mut self, offset: &Offset) -> Option<Entry> {
-        let i = self.index(*offset)?;
-        let entry = self.slots[i].1.take()?;
+        let i = self.position(*offset)?;
+        self.remove_at(i)
+    }
+
+    /// Where the record at `offset` is, for the `_at` methods (one lookup for several uses).
+    pub fn position(&self, offset: Offset) -> Option<usize> {
+        self.index(offset)
+            .filter(|&i| self.slots.get(i).is_some_and(|s| s.1.is_some()))
+    }
+
+    /// The record at a `position`.
+    pub fn at(&self, i: usize) -> Option<&Entry> {
+        self.slots.get(i).and_then(|s| s.1.as_ref())
+    }
+
+    /// Removes the record at a `position`.
+    pub fn remove_at(&mut self, i: usize) -> Option<Entry> {
+        let entry = self.slots.get_mut(i)?.1.take()?;
         self.reclaim(i);
         Some(entry)
     }
 
-    /// `remove` without handing the entry out: it is dropped where it lies.
-    pub fn discard(&mut self, offset: &Offset) -> bool {
-        let Some(i) = self.index(*offset) else {
-            return false;
-        };
-        if self.slots[i].1.is_none() {
-            return false;
+    /// `remove_at` without handing the entry out: it is dropped where it lies. Returns
+    /// false if there was none.
+    pub fn discard_at(&mut self, i: usize) -> bool {
+        match self.slots.get_mut(i) {
+            Some(slot) if slot.1.is_some() => {
+                slot.1 = None;
+                self.reclaim(i);
+                true
+            }
+            _ => false,
         }
-        self.slots[i].1 = None;
-        self.reclaim(i);
-        true
     }
 
     /// After the record in slot `i` became a hole: drops the holes it joins at either end
@@ -179,7 +195,11 @@ impl Entries {
             while hole(self.slots.get(n)) {
                 n += 1;
             }
-            self.slots.drain(..n);
+            if n == 1 {
+                self.slots.pop_front();
+            } else {
+                self.slots.drain(..n);
+            }
         } else if i + 1 == self.slots.len() {
             let mut n = 1;
             while hole(self.slots.get(i - n)) {
@@ -574,7 +594,8 @@ mod tests {
                             model.keys().nth(o as usize % model.len()).copied().unwrap_or(o)
                         };
                         if kind == 7 {
-                            prop_assert_eq!(e.discard(&target), model.remove(&target).is_some());
+                            let discarded = e.position(target).is_some_and(|i| e.discard_at(i));
+                            prop_assert_eq!(discarded, model.remove(&target).is_some());
                         } else {
                             prop_assert_eq!(e.remove(&target).map(|x| x.attempts), model.remove(&target));
                         }

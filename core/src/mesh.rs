@@ -1512,7 +1512,8 @@ fn retire(
 ) -> Option<Retired> {
     let keyed = group.spec.ordering == Ordering::Key;
     let lane = group.lanes.get_mut(&p)?;
-    let entry = lane.entries.get(&offset)?;
+    let at = lane.entries.position(offset)?;
+    let entry = lane.entries.at(at)?;
     let (state, ledger_needed) = (entry.state, entry.ledger_needed);
     let retired = Retired {
         origin: entry.origin,
@@ -1523,9 +1524,9 @@ fn retire(
     // A blocked entry never held its key (only dead-on-arrival entries retire blocked).
     let holds_key = keyed && !entry.key_blocked && entry.record.partition_key().is_some();
     let owned = if holds_key {
-        lane.entries.remove(&offset)
+        lane.entries.remove_at(at)
     } else {
-        lane.entries.discard(&offset);
+        lane.entries.discard_at(at);
         None
     };
     if eligible {
