@@ -70,8 +70,14 @@ fn find_or_build() -> Result<PathBuf, String> {
     if release {
         build = build.release();
     }
-    // The target directory is cargo's choice (CARGO_TARGET_DIR, config or <workspace>/target),
-    // the same one the tests were built in, so an up-to-date binary costs a no-op build.
+    // Build into the target directory this test binary was built in, so an up-to-date
+    // binary costs a no-op build — also when the test binary is run by hand without the
+    // CARGO_TARGET_DIR it was built with (a fresh target directory means a long RocksDB build).
+    if std::env::var_os("CARGO_TARGET_DIR").is_none() {
+        if let Some(dir) = own_target_dir() {
+            build = build.target_dir(dir);
+        }
+    }
     eprintln!(
         "building unimesh ({}) with cargo...",
         if release { "release" } else { "debug" }
@@ -82,6 +88,17 @@ fn find_or_build() -> Result<PathBuf, String> {
     let path = run.path().to_owned();
     eprintln!("unimesh binary: {}", path.display());
     Ok(path)
+}
+
+/// The cargo target directory holding the running test binary: the nearest ancestor with
+/// cargo's `CACHEDIR.TAG` (`<target>/<profile>/deps/<test>`, or `<target>/<triple>/...`).
+fn own_target_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .find(|d| d.join("CACHEDIR.TAG").is_file())
+        .map(Path::to_path_buf)
 }
 
 /// Whether the running test (or example) binary was built in the release profile: its path
