@@ -733,19 +733,29 @@ impl EngineTask {
                 partition,
                 offset,
                 reply,
-            } => match self.handle(Input::Seek {
-                group: group.clone(),
-                partition,
-                offset,
-            }) {
-                Response::Refused(r) => {
-                    let _ = reply.send(Err(refusal(r, &group)));
+            } => {
+                // A seek outside what the log holds would read as a broker truncation (past
+                // the end) or as retention (below the earliest): refuse it instead.
+                if let Some(topic) = self.mesh.subscription(&group).map(|s| s.topic.clone()) {
+                    match self.log.offsets(&topic, partition) {
+                        Ok((earliest, end)) if offset < earliest || offset > end => {
+                            let _ = reply.send(Err(EngineError::BadRequest(format!(
+                                "offset {offset} is outside partition {partition} of topic \
+                                 {topic}, which holds {earliest}..{end}"
+                            ))));
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            let _ = reply.send(Err(EngineError::BadRequest(format!(
+                                "topic {topic} has no partition {partition}"
+                            ))));
+                            return;
+                        }
+                    }
                 }
-                _ => {
-                    self.finish_pending();
-                    self.flush_after(reply);
-                }
-            },
+                self.seek(group, partition, offset, reply);
+            }
             Command::TopicCreated { topic } => {
                 let groups: Vec<GroupName> = self
                     .mesh
@@ -770,6 +780,22 @@ impl EngineTask {
                 for key in waiting {
                     self.finish_waiter(&key);
                 }
+            }
+        }
+    }
+
+    fn seek(&mut self, group: GroupName, partition: Partition, offset: Offset, reply: Reply<()>) {
+        match self.handle(Input::Seek {
+            group: group.clone(),
+            partition,
+            offset,
+        }) {
+            Response::Refused(r) => {
+                let _ = reply.send(Err(refusal(r, &group)));
+            }
+            _ => {
+                self.finish_pending();
+                self.flush_after(reply);
             }
         }
     }

@@ -349,3 +349,25 @@ async fn an_abandoned_poll_loses_its_credit_before_anything_is_handed_to_it() {
         got.iter().map(|d| d.attempt).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn a_seek_outside_the_log_is_refused_and_changes_nothing() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(spec("g", "t")).await.unwrap();
+    let placed = rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
+    let p = placed[0].partition;
+    let r = rig.handle.seek(&g("g"), p, 999).await;
+    assert!(
+        matches!(r, Err(EngineError::BadRequest(ref m)) if m.contains("outside")),
+        "{r:?}"
+    );
+    let r = rig.handle.seek(&g("g"), 77, 0).await;
+    assert!(matches!(r, Err(EngineError::BadRequest(_))), "{r:?}");
+    assert_eq!(
+        take(&rig, "g", "c", 1).await.len(),
+        1,
+        "the lane is where it was"
+    );
+    rig.handle.seek(&g("g"), p, 1).await.unwrap();
+}
