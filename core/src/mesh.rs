@@ -313,7 +313,9 @@ impl Mesh {
         self.cx.effects.pop_front()
     }
 
-    /// When `handle(now, Input::Tick)` must be called at the latest.
+    /// When `handle(now, Input::Tick)` must be called at the latest. It can be earlier than
+    /// any real deadline (an ACK deadline whose delivery was settled since, an idle client
+    /// that was busy in between): such a Tick finds nothing due and moves the timer on.
     pub fn poll_timeout(&self) -> Option<Millis> {
         self.cx.timers.first().map(|&(t, _)| t)
     }
