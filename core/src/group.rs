@@ -7,6 +7,9 @@ use crate::config::SubscriptionSpec;
 use crate::lane::Lane;
 use crate::types::{ClientId, GroupName, Millis, Offset, Partition};
 
+/// Leases remembered per partition of a group (see `Group::leases`).
+pub(crate) const LEASE_MEMORY: usize = 64;
+
 #[derive(Clone, Debug)]
 pub(crate) struct Client {
     pub id: ClientId,
@@ -26,6 +29,9 @@ pub(crate) struct Client {
     /// and left alone while the client goes busy and idle again (every cycle for a client
     /// taking one record at a time); when it fires early it moves to `idle_at`.
     pub idle_deadline: Option<Millis>,
+    /// The group's `max_in_flight_per_client` when it last received a delivery. Lowering
+    /// the limit revokes nothing: the client may hold up to this until it ACKs down.
+    pub limit_at_delivery: u32,
 }
 
 /// Delivery counters of one group, for metrics.
@@ -96,9 +102,9 @@ pub(crate) struct Group {
     /// Leases below this were never this group's.
     pub lease_floor: u64,
     pub lanes: BTreeMap<Partition, Lane>,
-    /// The newest lease given out per partition (bounded by the partitions ever assigned),
-    /// so an id of a revoked lane answers `revoked` and a never-issued one `unknown`.
-    pub last_leases: BTreeMap<Partition, u64>,
+    /// The leases given out per partition, newest last, at most `LEASE_MEMORY` each: an id
+    /// of a revoked or re-seeked lane answers `revoked`, a never-issued one `unknown`.
+    pub leases: BTreeMap<Partition, VecDeque<u64>>,
     pub clients: Vec<Option<Client>>,
     pub free_clients: Vec<u32>,
     pub client_ids: BTreeMap<ClientId, u32>,
@@ -125,7 +131,7 @@ impl Group {
             spec,
             lease_floor,
             lanes: BTreeMap::new(),
-            last_leases: BTreeMap::new(),
+            leases: BTreeMap::new(),
             clients: Vec::new(),
             free_clients: Vec::new(),
             client_ids: BTreeMap::new(),
@@ -155,6 +161,30 @@ impl Group {
         }
         c.listed = ready;
         Some(r)
+    }
+
+    /// Remembers a lease given to a lane of `partition`.
+    pub fn record_lease(&mut self, partition: Partition, lease: u64) {
+        let q = self.leases.entry(partition).or_default();
+        if q.len() >= LEASE_MEMORY {
+            q.pop_front();
+        }
+        q.push_back(lease);
+    }
+
+    /// Whether `lease` was given to a lane of `partition`. Past `LEASE_MEMORY` re-seeks of
+    /// one partition the oldest are forgotten; a lease below the oldest remembered one, and
+    /// of this group, then still counts as issued (the answer stays a refusal either way).
+    pub fn lease_issued(&self, partition: Partition, lease: u64) -> bool {
+        let Some(q) = self.leases.get(&partition) else {
+            return false;
+        };
+        if q.contains(&lease) {
+            return true;
+        }
+        q.len() >= LEASE_MEMORY
+            && q.front().is_some_and(|&first| lease < first)
+            && lease >= self.lease_floor
     }
 
     /// Re-evaluates a lane's place in `ready_lanes`.

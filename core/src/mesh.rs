@@ -497,6 +497,7 @@ impl Mesh {
                     listed: false,
                     idle_at: None,
                     idle_deadline: None,
+                    limit_at_delivery: 0,
                 };
                 let slot = match group.free_clients.pop() {
                     Some(slot) => {
@@ -578,7 +579,7 @@ impl Mesh {
             });
             let lease = self.next_lease;
             self.next_lease += 1;
-            group.last_leases.insert(a.partition, lease);
+            group.record_lease(a.partition, lease);
             let mut lane = Lane::new(a.partition, lease, true, checkpoint);
             if fresh {
                 // Pin the start position, so a restart does not re-resolve "latest".
@@ -621,7 +622,7 @@ impl Mesh {
         };
         let lease = self.next_lease;
         self.next_lease += 1;
-        group.last_leases.insert(partition, lease);
+        group.record_lease(partition, lease);
         let mut lane = Lane::new(partition, lease, true, Checkpoint::new(offset));
         // Decisions already taken stay: dead letters and broker ACKs still get written.
         lane.unsynced_dead_letters = old.unsynced_dead_letters;
@@ -653,7 +654,7 @@ impl Mesh {
         if !group.lanes.contains_key(&REPLAY_PARTITION) {
             let lease = self.next_lease;
             self.next_lease += 1;
-            group.last_leases.insert(REPLAY_PARTITION, lease);
+            group.record_lease(REPLAY_PARTITION, lease);
             let lane = Lane::new(REPLAY_PARTITION, lease, false, Checkpoint::new(0));
             group.lanes.insert(REPLAY_PARTITION, lane);
         }
@@ -1354,8 +1355,9 @@ impl Mesh {
             for (slot, c) in group.clients.iter().enumerate() {
                 let Some(c) = c else { continue };
                 let slot = slot as u32;
-                // C8: a client never holds more than max_in_flight.
-                if c.in_flight > max_in_flight {
+                // C8: a client never holds more than max_in_flight (the one in force when
+                // it last received a delivery: lowering the limit revokes nothing).
+                if c.in_flight > max_in_flight.max(c.limit_at_delivery) {
                     return Err(format!("{name}/{}: C8 {} in flight", c.id, c.in_flight));
                 }
                 let holds = held.remove(&slot).unwrap_or_default();
@@ -1435,12 +1437,7 @@ fn locate(
     }
     // A lease of this group on this partition that is no longer current was revoked (or
     // re-seeked); anything else was never issued.
-    let was_ours = id.lease >= group.lease_floor
-        && id.lease < next_lease
-        && group
-            .last_leases
-            .get(&id.partition)
-            .is_some_and(|&last| id.lease <= last);
+    let was_ours = id.lease < next_lease && group.lease_issued(id.partition, id.lease);
     let Some(lane) = group.lanes.get(&id.partition) else {
         return Err(if was_ours {
             RejectReason::Revoked
@@ -2340,9 +2337,11 @@ fn dispatch(cx: &mut Ctx, g: u32, group: &mut Group) {
         if delivery.attempt == 1 {
             group.stats.delivered += 1;
         }
+        let limit = group.spec.max_in_flight_per_client;
         let Some(client) = group.update_client(slot, |c| {
             c.in_flight += 1;
             c.credit -= 1;
+            c.limit_at_delivery = limit;
             c.id.clone()
         }) else {
             continue;

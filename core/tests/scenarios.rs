@@ -1146,3 +1146,59 @@ fn an_idle_client_is_forgotten_a_full_timeout_after_it_last_went_idle() {
     w.advance(1);
     assert!(w.view("g").clients.is_empty());
 }
+
+#[test]
+fn lowering_max_in_flight_revokes_nothing_and_holds_back_new_deliveries() {
+    // Found by the optimisation's differential driver: the invariant check refused a
+    // client holding more than a limit lowered after its deliveries.
+    let mut w = world_with(1);
+    let mut spec = w.spec("g", "t");
+    spec.max_in_flight_per_client = 4;
+    w.subscribe(spec.clone());
+    for _ in 0..6 {
+        w.publish("t", 0, "a", None);
+    }
+    let d = w.poll("g", "c", 10);
+    assert_eq!(d.len(), 4);
+    spec.max_in_flight_per_client = 2;
+    assert_eq!(w.handle(Input::Subscribe(spec)), Response::Ok);
+    // Two ACKs bring it to the new limit: still nothing new.
+    w.ack("g", &[d[0].id, d[1].id]);
+    assert_eq!(w.deliveries.len(), 4);
+    w.ack("g", &[d[2].id]);
+    assert_eq!(w.deliveries.len(), 5, "one slot below the new limit");
+    assert_eq!(w.view("g").clients[0].in_flight, 2);
+}
+
+#[test]
+fn an_id_whose_lease_belongs_to_another_partition_is_unknown_not_revoked() {
+    // Found by the black-box tests: leases are numbered across partitions, so a lease of
+    // partition 1 named with partition 0 must not look like a revoked lane of partition 0.
+    let mut w = world_with(2);
+    w.subscribe(w.spec("g", "t"));
+    // Partition 1's lease was given after partition 0's: the lower number is the other's.
+    w.publish("t", 1, "a", None);
+    let d = w.poll("g", "c", 10)[0].id;
+    assert_eq!(d.partition, 1);
+    let lanes = w.view("g").lanes;
+    let other = lanes
+        .iter()
+        .find(|l| l.partition != d.partition)
+        .unwrap()
+        .lease;
+    let forged = DeliveryId { lease: other, ..d };
+    assert_eq!(
+        w.ack("g", &[forged]),
+        vec![Settle::Rejected(RejectReason::Unknown)]
+    );
+    // A lease this partition really had, before a seek, is revoked.
+    let _ = w.handle(Input::Seek {
+        group: group("g"),
+        partition: d.partition,
+        offset: 0,
+    });
+    assert_eq!(
+        w.ack("g", &[d]),
+        vec![Settle::Rejected(RejectReason::Revoked)]
+    );
+}
