@@ -171,7 +171,19 @@ impl EngineHandle {
     }
 
     pub fn is_healthy(&self) -> bool {
-        self.shared.healthy.load(AtomicOrdering::Relaxed) && !self.commands.is_closed()
+        self.health().is_ok()
+    }
+
+    /// `Err(why)` when the process needs a restart to serve fully again: the engine task
+    /// stopped, or the log refuses appends after a failed write.
+    pub fn health(&self) -> Result<(), String> {
+        if !self.shared.healthy.load(AtomicOrdering::Relaxed) || self.commands.is_closed() {
+            return Err("the engine task has stopped".to_owned());
+        }
+        if let Some(fault) = self.log.fault() {
+            return Err(fault);
+        }
+        Ok(())
     }
 
     // ----- traffic -----

@@ -66,6 +66,12 @@ pub trait LogPort: Send + Sync + 'static {
 
     /// Applies retention; returns how many partitions moved their earliest offset.
     fn enforce_retention(&self, now_wall_ms: u64) -> Result<usize, String>;
+
+    /// A fault that keeps the log from taking appends until the process restarts, if any.
+    /// The health check reports it.
+    fn fault(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The state store as the engine uses it.
@@ -177,6 +183,10 @@ impl LogPort for EmbeddedLog {
         }
         Ok(report.truncated.len())
     }
+
+    fn fault(&self) -> Option<String> {
+        EmbeddedLog::fault(self)
+    }
 }
 
 // ----- state stores -----
@@ -249,6 +259,7 @@ pub struct MemoryLog {
     default_partitions: u32,
     notify: tokio::sync::Notify,
     round_robin: std::sync::atomic::AtomicU32,
+    fault: Mutex<Option<String>>,
 }
 
 impl MemoryLog {
@@ -258,7 +269,14 @@ impl MemoryLog {
             default_partitions: default_partitions.max(1),
             notify: tokio::sync::Notify::new(),
             round_robin: std::sync::atomic::AtomicU32::new(0),
+            fault: Mutex::new(None),
         }
+    }
+
+    /// Refuses every append with this reason (as the embedded log does after a failed
+    /// write), or takes appends again with `None`; for tests.
+    pub fn set_fault(&self, fault: Option<String>) {
+        *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
     }
 
     /// Drops everything below `earliest` (retention), for tests.
@@ -326,6 +344,9 @@ impl LogPort for Arc<MemoryLog> {
     ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
         let log = self.clone();
         Box::pin(async move {
+            if let Some(fault) = LogPort::fault(&log) {
+                return Err(AppendError::Unavailable(fault));
+            }
             let n = log.ensure_topic(&topic).map_err(AppendError::Unavailable)?;
             let mut out = Vec::with_capacity(items.len());
             {
@@ -381,5 +402,9 @@ impl LogPort for Arc<MemoryLog> {
 
     fn enforce_retention(&self, _now_wall_ms: u64) -> Result<usize, String> {
         Ok(0)
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

@@ -46,14 +46,13 @@ where
         }
         RouteId::Health => {
             no_query(parts)?;
-            if app.engine.is_healthy() {
-                json(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
-            } else {
-                Err(ApiError::new(
+            match app.engine.health() {
+                Ok(()) => json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+                Err(why) => Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     code::UNAVAILABLE,
-                    "the engine task has stopped",
-                ))
+                    format!("unhealthy: {why}"),
+                )),
             }
         }
         RouteId::Ready => {

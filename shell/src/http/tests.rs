@@ -17,6 +17,7 @@ use crate::state::{MemoryDisk, MemoryStore};
 
 struct Rig {
     app: App,
+    log: Arc<MemoryLog>,
 }
 
 fn test_config() -> Config {
@@ -44,7 +45,7 @@ async fn rig_with(config: Config) -> Rig {
     let state = Arc::new(StoreAdapter::new(Box::new(MemoryStore::open(
         MemoryDisk::new(),
     ))));
-    let (handle, _join) = engine::start(ecfg, Arc::new(log), state).expect("engine starts");
+    let (handle, _join) = engine::start(ecfg, Arc::new(log.clone()), state).expect("engine starts");
     for _ in 0..400 {
         if handle.is_ready() {
             break;
@@ -54,6 +55,7 @@ async fn rig_with(config: Config) -> Rig {
     assert!(handle.is_ready(), "engine never became ready");
     Rig {
         app: App::new(handle, &config),
+        log,
     }
 }
 
@@ -836,6 +838,33 @@ async fn after_engine_shutdown_requests_are_503_and_not_ready() {
     let a = rig.subscribe("g", json!({"topic": "t"})).await;
     a.error(503, "unavailable", "");
     assert!(a.headers.contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn a_log_that_refuses_appends_makes_health_fail_with_the_reason() {
+    let rig = rig().await;
+    rig.subscribe("g", json!({"topic": "t"})).await;
+    let a = rig.publish_structured("t", "before").await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    rig.log
+        .set_fault(Some("a log write failed: disk full".to_owned()));
+
+    let a = rig.admin(Method::GET, "/admin/health", Value::Null).await;
+    a.error(
+        503,
+        "unavailable",
+        "unhealthy: a log write failed: disk full",
+    );
+    let a = rig.publish_structured("t", "refused").await;
+    a.error(503, "unavailable", "disk full");
+    // What was accepted before the fault is still delivered.
+    let got = rig.take("g", "c", 1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["event"]["id"], "before");
+
+    rig.log.set_fault(None);
+    let a = rig.admin(Method::GET, "/admin/health", Value::Null).await;
+    assert_eq!(a.status, StatusCode::OK);
 }
 
 // ----- the listeners -----

@@ -281,6 +281,11 @@ pub(crate) struct Shared {
     records_appended: AtomicU64,
     synced_writes: AtomicU64,
     write_failures: AtomicU64,
+    /// Why appends are refused, once a write failed (see `writer.rs`); `None` while healthy.
+    fault: Mutex<Option<String>>,
+    /// Test hook: this many next synced writes fail as if the disk refused them.
+    #[cfg(test)]
+    fail_next_writes: AtomicU32,
 }
 
 pub(crate) struct TopicState {
@@ -434,6 +439,9 @@ impl EmbeddedLog {
             records_appended: AtomicU64::new(0),
             synced_writes: AtomicU64::new(0),
             write_failures: AtomicU64::new(0),
+            fault: Mutex::new(None),
+            #[cfg(test)]
+            fail_next_writes: AtomicU32::new(0),
         });
 
         let (tx, rx) = mpsc::channel(shared.cfg.queue_capacity);
@@ -492,6 +500,21 @@ impl EmbeddedLog {
             synced_writes: shared.synced_writes.load(Ordering::Relaxed),
             write_failures: shared.write_failures.load(Ordering::Relaxed),
         }
+    }
+
+    /// Why appends are refused until the log is reopened, if a write failed; `None` while
+    /// appends work. Health checks report it so an operator (or orchestrator) restarts.
+    pub fn fault(&self) -> Option<String> {
+        lock(&self.inner.shared.fault).clone()
+    }
+
+    /// Makes the next `n` synced writes fail as a full or broken disk would.
+    #[cfg(test)]
+    pub(crate) fn fail_next_writes(&self, n: u32) {
+        self.inner
+            .shared
+            .fail_next_writes
+            .store(n, Ordering::Relaxed);
     }
 
     /// The topic, created with `default_partitions` if it does not exist.

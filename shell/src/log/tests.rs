@@ -671,3 +671,39 @@ async fn topics_are_listed_sorted_with_their_partition_counts() {
     assert_eq!(names, want);
     assert_eq!(log.topics()[0].name, topic("a"));
 }
+
+#[tokio::test]
+async fn a_failed_write_stops_appends_names_the_fault_and_a_reopen_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = topic("faulty");
+    {
+        let log = open(dir.path());
+        log.create_topic(&t, 1).unwrap();
+        log.append(&t, vec![item(None, "kept")]).await.unwrap();
+        assert_eq!(log.fault(), None);
+
+        log.fail_next_writes(1);
+        let failed = log.append(&t, vec![item(None, "lost")]).await;
+        assert!(matches!(failed, Err(LogError::Storage(_))), "{failed:?}");
+        // The disk works again, but the writer does not trust it until a reopen.
+        let refused = log.append(&t, vec![item(None, "refused")]).await;
+        assert!(
+            matches!(refused, Err(LogError::Unavailable(_))),
+            "{refused:?}"
+        );
+        let fault = log.fault().expect("the fault is reported");
+        assert!(fault.contains("injected write failure"), "{fault}");
+        assert_eq!(log.stats().write_failures, 2);
+        // Reads keep being served and see only what was acknowledged.
+        assert_eq!(read_all(&log, &t, 0), vec![(0, Bytes::from("kept"))]);
+        log.close().unwrap();
+    }
+    let log = open(dir.path());
+    assert_eq!(log.fault(), None);
+    let got = log.append(&t, vec![item(None, "after")]).await.unwrap();
+    assert_eq!(got, vec![(0, 1)]);
+    assert_eq!(
+        read_all(&log, &t, 0),
+        vec![(0, Bytes::from("kept")), (1, Bytes::from("after"))]
+    );
+}

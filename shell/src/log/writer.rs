@@ -84,6 +84,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
                 let reason =
                     format!("a log write failed, appends are refused until restart: {err}");
                 tracing::error!(error = %err, "embedded log write failed");
+                *super::lock(&shared.fault) = Some(reason.clone());
                 failed = Some(reason);
                 shared
                     .write_failures
@@ -143,6 +144,16 @@ fn commit(
         results.push(assigned);
     }
 
+    #[cfg(test)]
+    if shared
+        .fail_next_writes
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(LogError::Storage(
+            "injected write failure (test)".to_owned(),
+        ));
+    }
     let mut opts = WriteOptions::default();
     opts.set_sync(true);
     shared
