@@ -775,6 +775,33 @@ fn on_disk_stores_refuse_a_second_opener() {
         }) => {}
         other => panic!("second RocksDB opener accepted: {other:?}"),
     }
+    // sled waits a bounded time for the lock (a dropped handle may still be releasing
+    // it), then refuses too.
+    let dir = tempfile::tempdir().unwrap();
+    let _first = SledStore::open(dir.path()).unwrap();
+    match SledStore::open(dir.path()) {
+        Err(StoreError::Io {
+            backend: "sled",
+            op: "open",
+            message,
+        }) => assert!(message.contains("lock"), "{message}"),
+        other => panic!("second sled opener accepted: {other:?}"),
+    }
+}
+
+/// sled 0.34 releases its directory lock lazily after the last handle is dropped; a
+/// restart in the same process (as these tests and an embedding application do) must not
+/// fail on it.
+#[test]
+fn sled_reopens_at_once_after_a_drop_and_keeps_every_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..40u64 {
+        let mut store = SledStore::open(dir.path()).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.recovered.epoch, i as u32, "batch {i} was kept");
+        store.apply(&crash_batch(i), i).unwrap();
+        drop(store);
+    }
 }
 
 /// The environment variable that turns a crash test into its own child writer.

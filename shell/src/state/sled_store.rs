@@ -42,14 +42,35 @@ fn io(op: &'static str, e: sled::Error) -> StoreError {
     }
 }
 
+/// How long an open waits for a directory lock this process may still be releasing.
+const LOCK_WAIT_MAX_MS: u64 = 2_000;
+const LOCK_WAIT_STEP_MS: u64 = 10;
+
 impl SledStore {
     /// Opens (creating if missing) the store in `dir`. Fails if another process holds it.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
-        let db = sled::Config::new()
-            .path(&path)
-            .open()
-            .map_err(|e| io("open", e))?;
+        // Every batch is flushed explicitly, so sled's periodic flusher thread adds nothing;
+        // without it, dropping the last handle releases the directory lock at once.
+        let config = sled::Config::new().path(&path).flush_every_ms(None);
+        // sled 0.34 may still hold the directory lock for a moment after a `Db` of this
+        // process was dropped (sled#1234, #1289: its threads release it lazily), so a reopen
+        // waits a bounded time for the lock; another process holding it still fails.
+        let mut waited_ms = 0;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                // sled reports lock contention only in the message (ErrorKind::Other).
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && waited_ms < LOCK_WAIT_MAX_MS =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(LOCK_WAIT_STEP_MS));
+                    waited_ms += LOCK_WAIT_STEP_MS;
+                }
+                Err(e) => return Err(io("open", e)),
+            }
+        };
         Ok(Self {
             db,
             path,
