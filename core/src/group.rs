@@ -49,6 +49,34 @@ pub struct GroupStats {
     pub skipped_retention: u64,
 }
 
+impl GroupStats {
+    /// Adds another group's counters (saturating: counters never wrap).
+    pub fn absorb(&mut self, other: &GroupStats) {
+        let GroupStats {
+            delivered,
+            redelivered,
+            acked,
+            late_acked,
+            nacked,
+            expired,
+            dead_lettered,
+            filtered,
+            rejected,
+            skipped_retention,
+        } = other;
+        self.delivered = self.delivered.saturating_add(*delivered);
+        self.redelivered = self.redelivered.saturating_add(*redelivered);
+        self.acked = self.acked.saturating_add(*acked);
+        self.late_acked = self.late_acked.saturating_add(*late_acked);
+        self.nacked = self.nacked.saturating_add(*nacked);
+        self.expired = self.expired.saturating_add(*expired);
+        self.dead_lettered = self.dead_lettered.saturating_add(*dead_lettered);
+        self.filtered = self.filtered.saturating_add(*filtered);
+        self.rejected = self.rejected.saturating_add(*rejected);
+        self.skipped_retention = self.skipped_retention.saturating_add(*skipped_retention);
+    }
+}
+
 /// One delivery's ACK deadline, queued in delivery order. It is live while the record is
 /// still in flight under this delivery (`seq`) and its deadline was not moved since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -90,6 +90,9 @@ pub struct MeshStats {
     pub unknown_tickets: u64,
     pub clock_regressions: u64,
     pub fetch_pauses_for_ranges: u64,
+    /// The counters of groups removed in this incarnation, so totals over all groups never
+    /// go down when a group is deleted (a falling counter reads as a reset to Prometheus).
+    pub removed_groups: GroupStats,
 }
 
 /// Read-only view of one lane, for admin and metrics.
@@ -470,6 +473,7 @@ impl Mesh {
         self.cx.touched_groups.retain(|&dg| dg != g);
         self.recovered.retain(|(gn, _), _| gn != name);
         self.removed_groups.push(name.clone());
+        self.cx.stats.removed_groups.absorb(&group.stats);
         Response::Ok
     }
 

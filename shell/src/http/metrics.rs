@@ -11,8 +11,9 @@
 //!   `unimesh_dead_lettered_total`, `unimesh_expired_total`, `unimesh_in_flight{group,partition}`,
 //!   `unimesh_lag{group,partition}`, and a few engine-wide counters.
 //!
-//! The group totals are sums over the groups that exist at scrape time, so deleting a group
-//! lowers them (Prometheus treats a drop as a counter reset).
+//! The group totals are sums over the groups that exist at scrape time plus the groups
+//! deleted since the process started, so deleting a group never lowers them (they restart
+//! from zero only with the process, which Prometheus reads as a counter reset).
 //!
 //! Label values are bounded: topics and groups by the engine's limits, routes by the route
 //! table (unmatched requests share one label).
@@ -171,7 +172,11 @@ impl Collector for SnapshotCollector {
             ),
         ];
         for (name, help, get) in totals {
-            let sum: u64 = snap.groups.iter().map(|g| get(&g.stats)).sum();
+            let sum = snap
+                .groups
+                .iter()
+                .map(|g| get(&g.stats))
+                .fold(get(&snap.mesh.removed_groups), u64::saturating_add);
             let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(sum).encode(m)?;
         }

@@ -829,6 +829,16 @@ async fn metrics_carry_engine_numbers() {
     ] {
         assert!(text.contains(needle), "{needle} missing from\n{text}");
     }
+
+    // Deleting the group keeps its counts in the totals: a counter never goes down.
+    let a = rig
+        .traffic(Method::DELETE, "/v1/subscriptions/g", Value::Null)
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    let a = rig.admin(Method::GET, "/metrics", Value::Null).await;
+    let text = String::from_utf8(a.body.to_vec()).expect("utf-8");
+    assert!(text.contains("unimesh_acked_total 1"), "{text}");
+    assert!(!text.contains("group=\"g\""), "{text}");
 }
 
 #[tokio::test]
