@@ -155,6 +155,10 @@ pub struct Storage {
     pub retention_bytes_per_partition: u64,
     /// How often retention is enforced.
     pub retention_check_ms: u64,
+    /// Once retention deleted this many bytes of a partition, the deleted range is compacted
+    /// at once so the disk space comes back (smaller deletions wait for RocksDB's own
+    /// compactions, which rewrite less).
+    pub retention_reclaim_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,6 +289,7 @@ impl Default for Storage {
             retention_ms: 0,
             retention_bytes_per_partition: 0,
             retention_check_ms: 60_000,
+            retention_reclaim_bytes: 64 << 20,
         }
     }
 }
@@ -392,6 +397,7 @@ impl Config {
         c.retention_ms = (s.retention_ms > 0).then_some(s.retention_ms);
         c.retention_bytes_per_partition =
             (s.retention_bytes_per_partition > 0).then_some(s.retention_bytes_per_partition);
+        c.reclaim_after_bytes = s.retention_reclaim_bytes;
         c
     }
 
@@ -973,7 +979,7 @@ mod tests {
         let f = file(
             "data = \"/var/lib/unimesh\"\nhttp = \"0.0.0.0:9000\"\n\
              [state]\nbackend = \"sled\"\n[storage]\ndefault_partitions = 8\n\
-             retention_ms = 3600000\n[mesh]\nmax_groups = 7\n",
+             retention_ms = 3600000\nretention_reclaim_bytes = 1024\n[mesh]\nmax_groups = 7\n",
         );
         let c = load(&with_file(&f), env(&[])).expect("loads").config;
         assert_eq!(c.data, PathBuf::from("/var/lib/unimesh"));
@@ -982,6 +988,7 @@ mod tests {
         assert_eq!(c.storage.default_partitions, 8);
         assert_eq!(c.log_config().retention_ms, Some(3_600_000));
         assert_eq!(c.log_config().retention_bytes_per_partition, None);
+        assert_eq!(c.log_config().reclaim_after_bytes, 1024);
         assert_eq!(c.mesh_config().max_groups, 7);
         assert_eq!(
             c.admin.to_string(),

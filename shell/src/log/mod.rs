@@ -23,8 +23,10 @@
 //! After a failed append write the writer refuses further appends until the log is reopened
 //! (see `writer.rs` for why); reads keep being served.
 //!
-//! Disk space: retention deletes whole prefixes with RocksDB range deletions; the space is
-//! reclaimed when background compaction rewrites the files concerned.
+//! Disk space: retention deletes whole prefixes with RocksDB range deletions; once a
+//! partition has lost [`LogConfig::reclaim_after_bytes`] that way, its deleted range is
+//! compacted at once so the space comes back (smaller deletions wait for RocksDB's own
+//! compactions).
 
 mod codec;
 #[cfg(test)]
@@ -101,6 +103,10 @@ pub struct LogConfig {
     pub retention_ms: Option<u64>,
     /// Oldest records of a partition are deleted while its payload bytes exceed this.
     pub retention_bytes_per_partition: Option<u64>,
+    /// Once retention has deleted this many payload bytes of a partition (since open or the
+    /// last reclaim), the deleted range is compacted at once so the disk space comes back;
+    /// smaller deletions wait for RocksDB's own compactions.
+    pub reclaim_after_bytes: u64,
     /// Source of the append time stored with each record.
     pub clock: Arc<dyn WallClock>,
 }
@@ -119,6 +125,7 @@ impl LogConfig {
             queue_capacity: 1024,
             retention_ms: None,
             retention_bytes_per_partition: None,
+            reclaim_after_bytes: 64 << 20,
             clock: Arc::new(SystemClock),
         }
     }
@@ -300,6 +307,8 @@ struct PartitionState {
     end: watch::Sender<Offset>,
     /// The tail found at open (or zero for a new topic); the writer continues from it.
     initial: Tail,
+    /// Payload bytes retention deleted and no compaction has reclaimed yet (retention only).
+    unreclaimed_bytes: AtomicU64,
 }
 
 impl TopicState {
@@ -310,6 +319,7 @@ impl TopicState {
                 earliest: AtomicU64::new(earliest),
                 end: watch::channel(tail.next).0,
                 initial: tail,
+                unreclaimed_bytes: AtomicU64::new(0),
             })
             .collect();
         Self {
@@ -486,6 +496,20 @@ impl EmbeddedLog {
             }
         }
         Ok(())
+    }
+
+    /// Bytes of the log's table files on disk (not counting the WAL).
+    pub fn disk_bytes(&self) -> Result<u64, LogError> {
+        let db = &self.inner.shared.db;
+        let mut total = 0u64;
+        for cf in [records_cf(db)?, meta_cf(db)?] {
+            let bytes = db
+                .property_int_value_cf(cf, "rocksdb.total-sst-files-size")
+                .map_err(LogError::storage)?
+                .unwrap_or(0);
+            total = total.saturating_add(bytes);
+        }
+        Ok(total)
     }
 
     /// The configuration the log was opened with.
@@ -805,6 +829,8 @@ impl EmbeddedLog {
         // Both searches rely on append times and positions being non-decreasing along the
         // partition (the writer guarantees it), so each predicate splits `earliest..end`
         // into a deletable prefix and a kept suffix.
+        let (last, last_len) = header_at(end - 1)?;
+        let position_end = last.position.saturating_add(last_len);
         let mut cut = earliest;
         if let Some(retention_ms) = cfg.retention_ms {
             let cutoff = now_wall_ms.saturating_sub(retention_ms);
@@ -820,8 +846,6 @@ impl EmbeddedLog {
             cut = cut.max(lo);
         }
         if let Some(max_bytes) = cfg.retention_bytes_per_partition {
-            let (last, last_len) = header_at(end - 1)?;
-            let position_end = last.position.saturating_add(last_len);
             let (mut lo, mut hi) = (earliest, end);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
@@ -836,6 +860,14 @@ impl EmbeddedLog {
         if cut <= earliest {
             return Ok(None);
         }
+        let position_at = |offset: Offset| -> Result<u64, LogError> {
+            if offset >= end {
+                Ok(position_end)
+            } else {
+                Ok(header_at(offset)?.0.position)
+            }
+        };
+        let deleted_bytes = position_at(cut)?.saturating_sub(position_at(earliest)?);
 
         // Readers see the new earliest before the records go, so none of them can find a
         // hole; if the write fails the old value comes back (only this pass moves it).
@@ -857,6 +889,26 @@ impl EmbeddedLog {
         if let Err(err) = db.write_opt(batch, &opts) {
             part.earliest.store(earliest, Ordering::Release);
             return Err(LogError::storage(err));
+        }
+
+        // A range tombstone frees nothing until a compaction rewrites the files under it,
+        // which for a quiet partition may be never; past the threshold, compact it now.
+        // Not exclusive, so RocksDB's own compactions (and thus appends) go on meanwhile.
+        let unreclaimed = part
+            .unreclaimed_bytes
+            .fetch_add(deleted_bytes, Ordering::Relaxed)
+            .saturating_add(deleted_bytes);
+        if unreclaimed >= cfg.reclaim_after_bytes {
+            part.unreclaimed_bytes.store(0, Ordering::Relaxed);
+            let mut compact = rocksdb::CompactOptions::default();
+            compact.set_exclusive_manual_compaction(false);
+            db.compact_range_cf_opt(
+                &cf,
+                Some(codec::record_key(topic, partition, 0)),
+                Some(codec::record_key(topic, partition, cut)),
+                &compact,
+            );
+            tracing::debug!(%topic, partition, bytes = unreclaimed, "reclaimed retained-away space");
         }
         Ok(Some(Truncation {
             topic: topic.clone(),
