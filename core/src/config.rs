@@ -28,8 +28,6 @@ pub struct MeshConfig {
     pub flush_interval_ms: Millis,
     /// Most persists handed to the shell and not yet reported `Persisted`.
     pub max_outstanding_persists: usize,
-    /// How far past the last delivered offset a lane reserves durably in one step (C5).
-    pub delivery_reserve: u64,
     /// A client with no credit, nothing in flight and no activity for this long is removed.
     pub client_idle_timeout_ms: Millis,
     /// Most records replayed from the DLQ into one group at once.
@@ -52,7 +50,6 @@ impl Default for MeshConfig {
             fetch_retry_ms: 200,
             flush_interval_ms: 20,
             max_outstanding_persists: 4,
-            delivery_reserve: 4_096,
             client_idle_timeout_ms: 60_000,
             max_replay_per_group: 10_000,
             commit_to_broker: false,

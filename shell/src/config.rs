@@ -204,17 +204,30 @@ pub struct Engine {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Mesh {
+    /// Most subscription groups at once.
     pub max_groups: usize,
+    /// Most clients attached to one group at once.
     pub max_clients_per_group: usize,
+    /// Most partitions one group may be assigned.
     pub max_partitions_per_group: usize,
+    /// Most records of one group × partition held in memory and not done (fetched, in
+    /// flight, waiting for redelivery); fetching pauses at it.
     pub max_window_per_lane: usize,
+    /// Most ACK ranges above the watermark of one group × partition; fetching pauses at it
+    /// (nothing is dropped).
     pub max_ack_ranges_per_lane: usize,
+    /// Most records asked for by one fetch from the log.
     pub fetch_batch: usize,
+    /// How long a failed fetch waits before it is retried.
     pub fetch_retry_ms: u64,
+    /// ACKs, attempt counts and dead letters are made durable together once per interval.
     pub flush_interval_ms: u64,
+    /// Most progress writes in flight to the state store at once.
     pub max_outstanding_persists: usize,
-    pub delivery_reserve: u64,
+    /// A client with no poll waiting, nothing in flight and no activity for this long is
+    /// removed.
     pub client_idle_timeout_ms: u64,
+    /// Most DLQ records replayed into one group at once.
     pub max_replay_per_group: usize,
     /// Largest `ackTimeoutMs` a subscription may ask for.
     pub max_ack_timeout_ms: u64,
@@ -317,7 +330,6 @@ impl From<&MeshConfig> for Mesh {
             fetch_retry_ms: c.fetch_retry_ms,
             flush_interval_ms: c.flush_interval_ms,
             max_outstanding_persists: c.max_outstanding_persists,
-            delivery_reserve: c.delivery_reserve,
             client_idle_timeout_ms: c.client_idle_timeout_ms,
             max_replay_per_group: c.max_replay_per_group,
             max_ack_timeout_ms: c.limits.max_ack_timeout_ms,
@@ -343,7 +355,6 @@ impl Config {
             fetch_retry_ms: m.fetch_retry_ms,
             flush_interval_ms: m.flush_interval_ms,
             max_outstanding_persists: m.max_outstanding_persists,
-            delivery_reserve: m.delivery_reserve,
             client_idle_timeout_ms: m.client_idle_timeout_ms,
             max_replay_per_group: m.max_replay_per_group,
             commit_to_broker: false,
@@ -574,7 +585,6 @@ impl Config {
         }
         for (key, v) in [
             ("mesh.flush_interval_ms", m.flush_interval_ms),
-            ("mesh.delivery_reserve", m.delivery_reserve),
             ("mesh.max_ack_timeout_ms", m.max_ack_timeout_ms),
             ("mesh.max_attempts", u64::from(m.max_attempts)),
             (
@@ -951,6 +961,19 @@ mod tests {
             config: Some(f.path().to_owned()),
             ..Overrides::default()
         }
+    }
+
+    /// Goal: the documented example configuration never drifts from the code. Method: its
+    /// table (keys and values) equals the serialised defaults, and it loads as a file.
+    #[test]
+    fn the_example_file_lists_every_key_with_its_default() {
+        const EXAMPLE: &str = include_str!("../../unimesh.example.toml");
+        let example: Table = toml::from_str(EXAMPLE).expect("the example is TOML");
+        let defaults = Table::try_from(Config::default()).expect("defaults serialise");
+        assert_eq!(example, defaults);
+        let f = file(EXAMPLE);
+        let loaded = load(&with_file(&f), env(&[])).expect("the example loads");
+        assert_eq!(loaded.config, Config::default());
     }
 
     #[test]

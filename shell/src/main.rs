@@ -55,6 +55,10 @@ struct ServeArgs {
     /// TOML configuration file (env UNIMESH_CONFIG).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Print the effective configuration (defaults, file, UNIMESH_* variables and flags
+    /// merged and checked) as TOML, and exit without serving.
+    #[arg(long)]
+    print_config: bool,
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.print_config {
+        for name in &loaded.unknown_env {
+            eprintln!("unimesh: ignoring unknown UNIMESH_* environment variable {name}");
+        }
+        return match toml::to_string(&loaded.config) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("unimesh: cannot print the configuration: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     init_tracing(&loaded.config.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

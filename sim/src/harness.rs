@@ -248,7 +248,6 @@ impl Sim {
             fetch_retry_ms: 20,
             flush_interval_ms: opt.flush_interval_ms,
             max_outstanding_persists: opt.max_outstanding_persists,
-            delivery_reserve: 64,
             client_idle_timeout_ms: opt.client_idle_timeout_ms,
             max_replay_per_group: 16,
             commit_to_broker: opt.commit_to_broker,
