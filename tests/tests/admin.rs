@@ -140,6 +140,21 @@ fn metrics_counters_and_gauges_move_with_the_traffic() {
         metric(&m3, "unimesh_fetches_total", "").unwrap_or(0.0) >= 1.0,
         "{m3}"
     );
+    // The embedded log's own numbers: the four + one records, in at most two synced writes
+    // here (a batch publish is one write), nothing failed.
+    assert_eq!(
+        metric(&m3, "unimesh_log_records_appended_total", ""),
+        Some(5.0),
+        "{m3}"
+    );
+    let writes = metric(&m3, "unimesh_log_synced_writes_total", "").unwrap_or(0.0);
+    assert!((1.0..=2.0).contains(&writes), "{m3}");
+    assert_eq!(
+        metric(&m3, "unimesh_log_write_failures_total", ""),
+        Some(0.0),
+        "{m3}"
+    );
+    assert!(metric(&m3, "unimesh_log_disk_bytes", "").is_some(), "{m3}");
 }
 
 fn ids(d: &[Delivery]) -> Vec<&str> {

@@ -105,6 +105,8 @@ pub struct MetricsSnapshot {
     pub groups: Vec<SubscriptionInfo>,
     pub mesh: MeshStats,
     pub epoch: Epoch,
+    /// The log's own counters, read by the handle (not the engine task).
+    pub log: Option<super::ports::LogMetrics>,
 }
 
 /// One DLQ entry, with its event rendered as delivered (incl. emmqoffset/emmqpartition).
@@ -426,7 +428,9 @@ impl EngineHandle {
     }
 
     pub async fn metrics_snapshot(&self) -> Result<MetricsSnapshot, EngineError> {
-        self.ask(|reply| Command::Metrics { reply }).await
+        let mut snapshot = self.ask(|reply| Command::Metrics { reply }).await?;
+        snapshot.log = self.log.metrics();
+        Ok(snapshot)
     }
 
     /// Stops taking requests, flushes progress, and waits until it is durable.

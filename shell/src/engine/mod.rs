@@ -24,7 +24,9 @@ pub use handle::{
     ClientInfo, DlqItem, EngineError, EngineHandle, MetricsSnapshot, OffsetRow, PublishResult,
     Settling, Shared, SubscriptionInfo,
 };
-pub use ports::{AppendError, BoxFut, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter};
+pub use ports::{
+    AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
+};
 
 use task::{persist_writer, EngineTask};
 

@@ -33,6 +33,19 @@ pub enum AppendError {
     Unavailable(String),
 }
 
+/// What a log reports about itself for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogMetrics {
+    /// Records durably appended since the log was opened.
+    pub records_appended: u64,
+    /// Synced writes that carried them (records per write shows how well appends group).
+    pub synced_writes: u64,
+    /// Appends refused because a write failed.
+    pub write_failures: u64,
+    /// Bytes of table files on disk, if the log can tell.
+    pub disk_bytes: Option<u64>,
+}
+
 /// The broker as the engine uses it.
 pub trait LogPort: Send + Sync + 'static {
     /// Up to `max` records (about `max_bytes`) from `from`. When `from` is the end, waits up
@@ -70,6 +83,11 @@ pub trait LogPort: Send + Sync + 'static {
     /// A fault that keeps the log from taking appends until the process restarts, if any.
     /// The health check reports it.
     fn fault(&self) -> Option<String> {
+        None
+    }
+
+    /// Counters for `/metrics`, when the log keeps them. Cheap: called at every scrape.
+    fn metrics(&self) -> Option<LogMetrics> {
         None
     }
 }
@@ -186,6 +204,16 @@ impl LogPort for EmbeddedLog {
 
     fn fault(&self) -> Option<String> {
         EmbeddedLog::fault(self)
+    }
+
+    fn metrics(&self) -> Option<LogMetrics> {
+        let stats = self.stats();
+        Some(LogMetrics {
+            records_appended: stats.records_appended,
+            synced_writes: stats.synced_writes,
+            write_failures: stats.write_failures,
+            disk_bytes: self.disk_bytes().ok(),
+        })
     }
 }
 

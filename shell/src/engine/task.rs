@@ -947,6 +947,7 @@ impl EngineTask {
             groups: groups.iter().filter_map(|g| self.info(g)).collect(),
             mesh: self.mesh.stats().clone(),
             epoch: self.mesh.epoch(),
+            log: None,
         }
     }
 }

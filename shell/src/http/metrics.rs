@@ -9,7 +9,10 @@
 //!   collector encodes the snapshot taken for that scrape): `unimesh_delivered_total{group}`,
 //!   `unimesh_acked_total`, `unimesh_nacked_total`, `unimesh_redelivered_total`,
 //!   `unimesh_dead_lettered_total`, `unimesh_expired_total`, `unimesh_in_flight{group,partition}`,
-//!   `unimesh_lag{group,partition}`, and a few engine-wide counters.
+//!   `unimesh_lag{group,partition}`, and a few engine-wide counters;
+//! - what the log reports (embedded log only): `unimesh_log_records_appended_total`,
+//!   `unimesh_log_synced_writes_total` (their ratio is the group-commit batch size),
+//!   `unimesh_log_write_failures_total`, `unimesh_log_disk_bytes`.
 //!
 //! The group totals are sums over the groups that exist at scrape time plus the groups
 //! deleted since the process started, so deleting a group never lowers them (they restart
@@ -247,6 +250,39 @@ impl Collector for SnapshotCollector {
             let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(v).encode(m)?;
         }
+
+        if let Some(log) = &snap.log {
+            let counters: [(&str, &str, u64); 3] = [
+                (
+                    "unimesh_log_records_appended",
+                    "Records durably appended to the log since start",
+                    log.records_appended,
+                ),
+                (
+                    "unimesh_log_synced_writes",
+                    "Synced log writes (records per write = group-commit batch size)",
+                    log.synced_writes,
+                ),
+                (
+                    "unimesh_log_write_failures",
+                    "Appends refused because a log write failed (restart to recover)",
+                    log.write_failures,
+                ),
+            ];
+            for (name, help, v) in counters {
+                let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                ConstCounter::new(v).encode(m)?;
+            }
+            if let Some(bytes) = log.disk_bytes {
+                let m = encoder.encode_descriptor(
+                    "unimesh_log_disk_bytes",
+                    "Bytes of the log's table files on disk (the write-ahead log not counted)",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                ConstGauge::new(bytes).encode(m)?;
+            }
+        }
         Ok(())
     }
 }
@@ -283,5 +319,34 @@ mod tests {
             "no engine numbers without a snapshot"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn log_numbers_render_when_the_log_reports_them() {
+        let m = Metrics::new();
+        let mut snapshot = MetricsSnapshot {
+            groups: Vec::new(),
+            mesh: unimesh_core::MeshStats::default(),
+            epoch: 3,
+            log: Some(crate::engine::LogMetrics {
+                records_appended: 120,
+                synced_writes: 7,
+                write_failures: 2,
+                disk_bytes: Some(4096),
+            }),
+        };
+        let text = m.render(Some(snapshot.clone()));
+        for needle in [
+            "unimesh_log_records_appended_total 120\n",
+            "unimesh_log_synced_writes_total 7\n",
+            "unimesh_log_write_failures_total 2\n",
+            "unimesh_log_disk_bytes 4096\n",
+            "unimesh_epoch 3\n",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
+        snapshot.log = None;
+        let text = m.render(Some(snapshot));
+        assert!(!text.contains("unimesh_log_"), "{text}");
     }
 }
