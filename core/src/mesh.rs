@@ -403,22 +403,43 @@ impl Mesh {
         self.group_ids.get(name).copied()
     }
 
+    /// Whether `Input::Subscribe(spec)` would be accepted now, without changing anything,
+    /// so the shell can refuse before it does work of its own (creating the topic).
+    pub fn check_subscribe(&self, spec: &SubscriptionSpec) -> Result<(), Refusal> {
+        spec.validate(&self.cx.config.limits)
+            .map_err(Refusal::InvalidSpec)?;
+        match self.group_slot(&spec.group) {
+            Some(g) => {
+                let group = self.groups[g as usize]
+                    .as_ref()
+                    .ok_or(Refusal::UnknownGroup)?;
+                if group.spec.topic != spec.topic {
+                    return Err(Refusal::TopicCannotChange {
+                        topic: group.spec.topic.clone(),
+                    });
+                }
+                if group.spec.ordering != spec.ordering {
+                    return Err(Refusal::OrderingCannotChange);
+                }
+                Ok(())
+            }
+            None if self.group_ids.len() >= self.cx.config.max_groups => {
+                Err(Refusal::TooManyGroups {
+                    max: self.cx.config.max_groups,
+                })
+            }
+            None => Ok(()),
+        }
+    }
+
     fn subscribe(&mut self, spec: SubscriptionSpec) -> Response {
-        if let Err(e) = spec.validate(&self.cx.config.limits) {
-            return Response::Refused(Refusal::InvalidSpec(e));
+        if let Err(r) = self.check_subscribe(&spec) {
+            return Response::Refused(r);
         }
         if let Some(g) = self.group_slot(&spec.group) {
             let Some(group) = self.groups[g as usize].as_mut() else {
                 return Response::Refused(Refusal::UnknownGroup);
             };
-            if group.spec.topic != spec.topic {
-                return Response::Refused(Refusal::TopicCannotChange {
-                    topic: group.spec.topic.clone(),
-                });
-            }
-            if group.spec.ordering != spec.ordering {
-                return Response::Refused(Refusal::OrderingCannotChange);
-            }
             // New settings apply to new deliveries; a filter applies to records not yet
             // fetched. In-flight deliveries keep the deadline they were given.
             group.spec = spec;
@@ -429,11 +450,6 @@ impl Mesh {
             self.cx.touch_group(g, group);
             self.dirty_subscriptions.insert(g);
             return Response::Ok;
-        }
-        if self.group_ids.len() >= self.cx.config.max_groups {
-            return Response::Refused(Refusal::TooManyGroups {
-                max: self.cx.config.max_groups,
-            });
         }
         let g = self.add_group(spec);
         self.dirty_subscriptions.insert(g);

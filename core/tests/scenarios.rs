@@ -926,6 +926,52 @@ fn broker_acks_go_out_only_once_durable() {
     assert_eq!(w.broker_acks, vec![Bytes::from_static(b"receipt-0")]);
 }
 
+/// `check_subscribe` answers what `Subscribe` would, and changes nothing itself.
+#[test]
+fn check_subscribe_predicts_the_answer_without_changing_anything() {
+    let mut config = World::small_config();
+    config.max_groups = 2;
+    let mut w = World::new(config);
+    w.topic("t", 1);
+    w.subscribe(w.spec("g", "t"));
+    let mut invalid = w.spec("h", "t");
+    invalid.max_attempts = 0;
+    let mut keyed = w.spec("g", "t");
+    keyed.ordering = Ordering::Key;
+    let mut update = w.spec("g", "t");
+    update.ack_timeout_ms = 7;
+    let cases = vec![
+        invalid,
+        w.spec("g", "u"),
+        keyed,
+        update,
+        w.spec("h", "t"),
+        w.spec("i", "t"),
+    ];
+    for spec in cases {
+        let before = (
+            w.mesh.subscription(&spec.group).cloned(),
+            w.mesh.group_names().count(),
+        );
+        let predicted = w.mesh.check_subscribe(&spec);
+        assert_eq!(
+            before,
+            (
+                w.mesh.subscription(&spec.group).cloned(),
+                w.mesh.group_names().count()
+            ),
+            "checking changed something"
+        );
+        let answer = w.handle(Input::Subscribe(spec.clone()));
+        match predicted {
+            Ok(()) => assert_eq!(answer, Response::Ok, "{spec:?}"),
+            Err(r) => assert_eq!(answer, Response::Refused(r), "{spec:?}"),
+        }
+    }
+    // The last one hit the group limit (g and h exist).
+    assert_eq!(w.mesh.group_names().count(), 2);
+}
+
 #[test]
 fn subscription_updates_keep_topic_and_ordering() {
     let mut w = world_with(1);

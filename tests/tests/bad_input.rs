@@ -414,6 +414,8 @@ fn bad_subscription_documents_name_the_field_and_change_nothing() {
         "conflict",
         &["bad-t"],
     );
+    s.admin_get("/admin/offsets?topic=other-t")
+        .expect_error(404, "unknown-topic");
     put("bad-g", r#"{"topic":"bad-t","ordering":"key"}"#).expect_error_naming(
         409,
         "conflict",
@@ -445,6 +447,27 @@ fn bad_subscription_documents_name_the_field_and_change_nothing() {
         names,
         vec!["bad-g"],
         "only the one good group exists: {subs}"
+    );
+}
+
+#[test]
+fn the_topic_limit_refuses_subscriptions_and_publishes_with_400_and_creates_nothing() {
+    let s = Server::start(Options::new().toml("[storage]\nmax_topics = 1\n"));
+    s.subscribe("one-g", &json!({ "topic": "one-t" }));
+    s.call("PUT", "/v1/subscriptions/two-g")
+        .json(&json!({ "topic": "two-t" }))
+        .send()
+        .expect_error_naming(400, "invalid-request", &["topic limit"]);
+    s.publish_structured("two-t", &event("e", "t", json!(1)))
+        .expect_error_naming(400, "invalid-request", &["topic limit"]);
+    s.get("/v1/subscriptions/two-g")
+        .expect_error(404, "unknown-group");
+    s.admin_get("/admin/offsets?topic=two-t")
+        .expect_error(404, "unknown-topic");
+    // The existing topic still works.
+    published(
+        &s.publish_structured("one-t", &event("e", "t", json!(1))),
+        1,
     );
 }
 

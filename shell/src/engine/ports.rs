@@ -69,7 +69,9 @@ pub trait LogPort: Send + Sync + 'static {
     ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>>;
 
     /// The partition count of a topic, creating it with the default count if needed.
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, String>;
+    /// `Invalid` when the caller asked for too much (the topic limit), `Unavailable` when
+    /// storage failed.
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError>;
 
     /// The partition count of an existing topic.
     fn partitions(&self, topic: &TopicName) -> Option<u32>;
@@ -125,6 +127,17 @@ async fn read_blocking(
     }
 }
 
+/// Sorts the embedded log's errors into what the caller did wrong and what failed.
+fn append_error(e: LogError) -> AppendError {
+    match e {
+        LogError::RecordTooLarge { .. }
+        | LogError::AppendTooLarge { .. }
+        | LogError::TooManyRecords { .. } => AppendError::TooLarge(e.to_string()),
+        e if e.is_caller_error() => AppendError::Invalid(e.to_string()),
+        e => AppendError::Unavailable(e.to_string()),
+    }
+}
+
 impl LogPort for EmbeddedLog {
     fn fetch(
         &self,
@@ -168,21 +181,13 @@ impl LogPort for EmbeddedLog {
         items: Vec<AppendItem>,
     ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
         let log = self.clone();
-        Box::pin(async move {
-            log.append(&topic, items).await.map_err(|e| match e {
-                LogError::RecordTooLarge { .. }
-                | LogError::AppendTooLarge { .. }
-                | LogError::TooManyRecords { .. } => AppendError::TooLarge(e.to_string()),
-                e if e.is_caller_error() => AppendError::Invalid(e.to_string()),
-                e => AppendError::Unavailable(e.to_string()),
-            })
-        })
+        Box::pin(async move { log.append(&topic, items).await.map_err(append_error) })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, String> {
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
         EmbeddedLog::ensure_topic(self, topic)
             .map(|t| t.partitions)
-            .map_err(|e| e.to_string())
+            .map_err(append_error)
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
@@ -375,7 +380,7 @@ impl LogPort for Arc<MemoryLog> {
             if let Some(fault) = LogPort::fault(&log) {
                 return Err(AppendError::Unavailable(fault));
             }
-            let n = log.ensure_topic(&topic).map_err(AppendError::Unavailable)?;
+            let n = log.ensure_topic(&topic)?;
             let mut out = Vec::with_capacity(items.len());
             {
                 let mut topics = log.topics.lock().unwrap_or_else(|p| p.into_inner());
@@ -401,7 +406,7 @@ impl LogPort for Arc<MemoryLog> {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, String> {
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
         let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
         let n = self.default_partitions;
         let t = topics.entry(topic.clone()).or_insert_with(|| MemTopic {

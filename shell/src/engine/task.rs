@@ -20,7 +20,7 @@ use unimesh_core::{
 use super::handle::{
     ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, Shared, SubscriptionInfo,
 };
-use super::ports::{LogPort, LogRead, StatePort};
+use super::ports::{AppendError, LogPort, LogRead, StatePort};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
@@ -185,10 +185,7 @@ impl EngineTask {
     /// Assigns every partition of `topic` to `group` (the embedded log is owned whole by
     /// this instance).
     fn assign_all(&mut self, group: &GroupName, topic: &TopicName) -> Result<(), EngineError> {
-        let partitions = self
-            .log
-            .ensure_topic(topic)
-            .map_err(EngineError::Unavailable)?;
+        let partitions = self.log.ensure_topic(topic).map_err(topic_error)?;
         let mut assignments = Vec::with_capacity(partitions as usize);
         for p in 0..partitions {
             let (earliest, end) = self
@@ -802,10 +799,11 @@ impl EngineTask {
 
     fn subscribe(&mut self, mut spec: SubscriptionSpec) -> Result<bool, EngineError> {
         let existed = self.mesh.subscription(&spec.group).is_some();
-        let partitions = self
-            .log
-            .ensure_topic(&spec.topic)
-            .map_err(EngineError::Unavailable)?;
+        // A refused subscription must leave no topic behind (nothing half-applied).
+        self.mesh
+            .check_subscribe(&spec)
+            .map_err(|r| refusal(r, &spec.group))?;
+        let partitions = self.log.ensure_topic(&spec.topic).map_err(topic_error)?;
         if let StartFrom::Latest(ends) = &mut spec.start_from {
             if ends.is_empty() && !existed {
                 for p in 0..partitions {
@@ -949,6 +947,14 @@ impl EngineTask {
             epoch: self.mesh.epoch(),
             log: None,
         }
+    }
+}
+
+/// A topic the log would not create: over its limit (the caller's doing) or a storage fault.
+fn topic_error(e: AppendError) -> EngineError {
+    match e {
+        AppendError::Invalid(m) | AppendError::TooLarge(m) => EngineError::BadRequest(m),
+        AppendError::Unavailable(m) => EngineError::Unavailable(m),
     }
 }
 

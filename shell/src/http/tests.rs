@@ -446,6 +446,12 @@ async fn subscription_update_delete_and_conflict() {
     assert_eq!(a.json()["maxAttempts"], 3);
     let a = rig.subscribe("g", json!({"topic": "b"})).await;
     a.error(409, "conflict", "topic");
+    let b = unimesh_core::TopicName::new("b").expect("valid");
+    assert_eq!(
+        engine::LogPort::partitions(&rig.log, &b),
+        None,
+        "a refused subscription creates no topic"
+    );
     let a = rig
         .traffic(Method::DELETE, "/v1/subscriptions/g", Value::Null)
         .await;
