@@ -30,6 +30,24 @@ pub use ports::{
 
 use task::{persist_writer, EngineTask};
 
+/// Runs blocking storage work (RocksDB, sled) off the async workers. Under the madsim
+/// simulator, where every port is in memory and nothing blocks, it is an ordinary task
+/// (madsim has no blocking pool, and its `spawn_blocking` is deprecated for that reason).
+pub(crate) fn spawn_blocking<F, R>(f: F) -> tokio::task::JoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    #[cfg(madsim)]
+    {
+        tokio::spawn(async move { f() })
+    }
+    #[cfg(not(madsim))]
+    {
+        tokio::task::spawn_blocking(f)
+    }
+}
+
 /// How the engine runs, beyond the core's own configuration.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -117,8 +135,7 @@ pub fn start(
                 // Retention deletes through RocksDB: blocking work, off the async workers.
                 let pass = {
                     let log = log.clone();
-                    tokio::task::spawn_blocking(move || log.enforce_retention(task::wall_ms()))
-                        .await
+                    spawn_blocking(move || log.enforce_retention(task::wall_ms())).await
                 };
                 match pass {
                     Ok(Ok(0)) => {}

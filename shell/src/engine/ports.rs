@@ -117,8 +117,7 @@ async fn read_blocking(
     max_bytes: usize,
 ) -> LogRead {
     let read =
-        tokio::task::spawn_blocking(move || log.read(&topic, partition, from, max, max_bytes))
-            .await;
+        super::spawn_blocking(move || log.read(&topic, partition, from, max, max_bytes)).await;
     match read {
         Ok(Ok(ReadResult::Records { records, .. })) => LogRead::Records(records),
         Ok(Ok(ReadResult::OutOfRange { earliest, end })) => LogRead::OutOfRange { earliest, end },
@@ -242,7 +241,7 @@ impl StoreAdapter {
     ) -> BoxFut<Result<T, String>> {
         let store = self.store.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
+            super::spawn_blocking(move || {
                 // A poisoned lock means a store call panicked; the store itself is still
                 // the one on disk, so carry on with it rather than wedge every caller.
                 let mut guard = store.lock().unwrap_or_else(|p| p.into_inner());
