@@ -139,6 +139,26 @@ fn environment() -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// "off", or what retention keeps, for the startup line (an operator's first question about
+/// disk use).
+fn retention_summary(s: &config::Storage) -> String {
+    let mut kept = Vec::new();
+    if s.retention_ms > 0 {
+        kept.push(format!("records younger than {} ms", s.retention_ms));
+    }
+    if s.retention_bytes_per_partition > 0 {
+        kept.push(format!(
+            "the newest {} bytes per partition",
+            s.retention_bytes_per_partition
+        ));
+    }
+    if kept.is_empty() {
+        "off (records are kept forever)".to_owned()
+    } else {
+        format!("keeps {}", kept.join(" and "))
+    }
+}
+
 fn init_tracing(filter: &str) {
     // `Config::validate` already parsed the filter; fall back to `info` if it somehow fails.
     let filter = EnvFilter::builder()
@@ -190,6 +210,7 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         state = %cfg.state.backend,
         state_dir = %cfg.state_dir().map_or_else(|| "(in memory: nothing survives a restart)".to_owned(), |d| display_under(&data, &d)),
         partitions_per_new_topic = cfg.storage.default_partitions,
+        retention = %retention_summary(&cfg.storage),
         "data directory {}", data.display()
     );
     if cfg.state.backend == StateBackend::Memory {

@@ -117,3 +117,31 @@ fn a_bad_configuration_exits_2_naming_the_key_and_creates_nothing() {
         assert!(!dir.path().join("data").exists(), "{args:?} created data");
     }
 }
+
+/// The startup log answers an operator's first questions: where the data lives, what
+/// listens where, and what retention keeps.
+#[test]
+fn the_startup_log_says_where_data_lives_what_listens_and_what_retention_keeps() {
+    use unimesh_tests::{Options, Server};
+    let s = Server::start_default();
+    let log = s.stderr();
+    for needle in [
+        "data directory",
+        "retention=off",
+        &format!("traffic API listening on http://{}", s.http_addr()),
+        &format!("admin API listening on http://{}", s.admin_addr()),
+    ] {
+        assert!(log.contains(needle), "{needle:?} missing from\n{log}");
+    }
+    let s = Server::start(
+        Options::new()
+            .toml("[storage]\nretention_ms = 3600000\nretention_bytes_per_partition = 1000000\n"),
+    );
+    let log = s.stderr();
+    assert!(
+        log.contains(
+            "keeps records younger than 3600000 ms and the newest 1000000 bytes per partition"
+        ),
+        "{log}"
+    );
+}
