@@ -3,7 +3,7 @@
 //! log (the core has no part in it beyond the rate limit).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -134,12 +134,6 @@ pub struct PublishResult {
 pub struct Shared {
     pub ready: AtomicBool,
     pub healthy: AtomicBool,
-    pub fetches: AtomicU64,
-    pub persists: AtomicU64,
-    pub persist_failures: AtomicU64,
-    pub skipped: AtomicU64,
-    pub published: AtomicU64,
-    pub publish_failures: AtomicU64,
 }
 
 /// The handle the HTTP front uses. Cheap to clone.
@@ -162,10 +156,6 @@ impl EngineHandle {
             .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?;
         rx.await
             .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?
-    }
-
-    pub fn shared(&self) -> &Shared {
-        &self.shared
     }
 
     pub fn is_ready(&self) -> bool {
@@ -224,28 +214,15 @@ impl EngineHandle {
                 value: crate::event::encode_stored(e),
             })
             .collect();
-        let existed = self.log.partitions(topic).is_some();
-        let placed = self.log.append(topic.clone(), items).await.map_err(|e| {
-            self.shared
-                .publish_failures
-                .fetch_add(1, AtomicOrdering::Relaxed);
-            match e {
+        let placed = self
+            .log
+            .append(topic.clone(), items)
+            .await
+            .map_err(|e| match e {
                 AppendError::TooLarge(m) => EngineError::TooLarge(m),
                 AppendError::Invalid(m) => EngineError::BadRequest(m),
                 AppendError::Unavailable(m) => EngineError::Unavailable(m),
-            }
-        })?;
-        self.shared
-            .published
-            .fetch_add(placed.len() as u64, AtomicOrdering::Relaxed);
-        if !existed {
-            let _ = self
-                .commands
-                .send(Command::TopicCreated {
-                    topic: topic.clone(),
-                })
-                .await;
-        }
+            })?;
         Ok(ids
             .into_iter()
             .zip(placed)
@@ -420,11 +397,6 @@ impl EngineHandle {
         limiter
             .set_rule(now, topic.clone(), rule)
             .map_err(|e| EngineError::BadRequest(e.to_string()))
-    }
-
-    pub fn rate_limits(&self) -> Vec<(TopicName, RateRule)> {
-        let limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
-        limiter.rules().map(|(t, r)| (t.clone(), r)).collect()
     }
 
     pub async fn metrics_snapshot(&self) -> Result<MetricsSnapshot, EngineError> {

@@ -135,7 +135,7 @@ pub fn start(
                 // Retention deletes through RocksDB: blocking work, off the async workers.
                 let pass = {
                     let log = log.clone();
-                    spawn_blocking(move || log.enforce_retention(task::wall_ms())).await
+                    spawn_blocking(move || log.enforce_retention()).await
                 };
                 match pass {
                     Ok(Ok(0)) => {}

@@ -25,6 +25,13 @@ pub enum LogRead {
     Failed(String),
 }
 
+impl LogRead {
+    /// No records and nothing wrong: the read was at the end of the partition.
+    fn at_end(&self) -> bool {
+        matches!(self, LogRead::Records(r) if r.is_empty())
+    }
+}
+
 /// Why a publish failed: the caller's fault (4xx) or the storage's (503).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AppendError {
@@ -80,7 +87,8 @@ pub trait LogPort: Send + Sync + 'static {
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String>;
 
     /// Applies retention; returns how many partitions moved their earliest offset.
-    fn enforce_retention(&self, now_wall_ms: u64) -> Result<usize, String>;
+    /// Applies retention as of the log's own clock (the one that stamped its records).
+    fn enforce_retention(&self) -> Result<usize, String>;
 
     /// A fault that keeps the log from taking appends until the process restarts, if any.
     /// The health check reports it.
@@ -151,7 +159,7 @@ impl LogPort for EmbeddedLog {
         Box::pin(async move {
             let first =
                 read_blocking(log.clone(), topic.clone(), partition, from, max, max_bytes).await;
-            if !matches!(&first, LogRead::Records(r) if r.is_empty()) {
+            if !first.at_end() {
                 return first;
             }
             // At the end: park until the writer publishes a new end, or the wait is over.
@@ -197,7 +205,8 @@ impl LogPort for EmbeddedLog {
         EmbeddedLog::offsets(self, topic, partition).map_err(|e| e.to_string())
     }
 
-    fn enforce_retention(&self, now_wall_ms: u64) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, String> {
+        let now_wall_ms = self.config().clock.now_ms();
         let report =
             EmbeddedLog::enforce_retention(self, now_wall_ms).map_err(|e| e.to_string())?;
         for (topic, partition, error) in &report.failed {
@@ -284,8 +293,8 @@ struct MemTopic {
     earliest: Vec<Offset>,
 }
 
-/// A log in memory: dense offsets, round-robin or keyed partitioning, no durability. Fetches
-/// at the end answer empty at once after a short sleep, so the engine does not spin.
+/// A log in memory: dense offsets, round-robin or keyed partitioning, no durability. A fetch
+/// at the end waits up to its `wait_ms` for an append, so the engine does not spin.
 pub struct MemoryLog {
     topics: Mutex<BTreeMap<TopicName, MemTopic>>,
     default_partitions: u32,
@@ -309,16 +318,6 @@ impl MemoryLog {
     /// write), or takes appends again with `None`; for tests.
     pub fn set_fault(&self, fault: Option<String>) {
         *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
-    }
-
-    /// Drops everything below `earliest` (retention), for tests.
-    pub fn truncate_front(&self, topic: &TopicName, partition: Partition, earliest: Offset) {
-        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = topics.get_mut(topic) {
-            if let Some(e) = t.earliest.get_mut(partition as usize) {
-                *e = (*e).max(earliest);
-            }
-        }
     }
 
     fn read(&self, topic: &TopicName, partition: Partition, from: Offset, max: usize) -> LogRead {
@@ -355,14 +354,12 @@ impl LogPort for Arc<MemoryLog> {
     ) -> BoxFut<LogRead> {
         let log = self.clone();
         Box::pin(async move {
-            let first = log.read(&topic, partition, from, max);
-            if !matches!(&first, LogRead::Records(r) if r.is_empty()) {
-                return first;
-            }
+            // Created before the read, the `Notified` catches an append that lands between
+            // the read and the wait.
             let notified = log.notify.notified();
-            let again = log.read(&topic, partition, from, max);
-            if !matches!(&again, LogRead::Records(r) if r.is_empty()) {
-                return again;
+            let first = log.read(&topic, partition, from, max);
+            if !first.at_end() {
+                return first;
             }
             let _ = tokio::time::timeout(Duration::from_millis(wait_ms), notified).await;
             log.read(&topic, partition, from, max)
@@ -432,7 +429,7 @@ impl LogPort for Arc<MemoryLog> {
         Ok((t.earliest[partition as usize], p.len() as Offset))
     }
 
-    fn enforce_retention(&self, _now_wall_ms: u64) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, String> {
         Ok(0)
     }
 

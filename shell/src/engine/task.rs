@@ -12,9 +12,9 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use unimesh_core::{
-    Assignment, ClientId, Delivery, DeliveryId, Effect, FetchId, FetchResult, GroupName, Input,
-    Mesh, Millis, Offset, Partition, Record, RecordMeta, Refusal, Response, Settle, SkipReason,
-    StartFrom, SubscriptionSpec, Ticket, TopicName,
+    Assignment, ClientId, Delivery, DeliveryId, Effect, FetchId, FetchResult, GroupName, GroupView,
+    Input, Mesh, Millis, Offset, Partition, Record, RecordMeta, Refusal, Response, Settle,
+    SkipReason, StartFrom, SubscriptionSpec, Ticket, TopicName,
 };
 
 use super::handle::{
@@ -75,9 +75,6 @@ pub(crate) enum Command {
         partition: Partition,
         offset: Offset,
         reply: Reply<()>,
-    },
-    TopicCreated {
-        topic: TopicName,
     },
     Metrics {
         reply: Reply<MetricsSnapshot>,
@@ -237,7 +234,8 @@ impl EngineTask {
                     Some(c) => self.on_command(c),
                     None => break,
                 },
-                _ = sleep_until_opt(deadline) => self.on_tick(),
+                // Timers are handled by the `on_tick` below, after the batch.
+                _ = sleep_until_opt(deadline) => {}
             }
             // Take what else is already waiting before going back to sleep: one wake-up,
             // many inputs.
@@ -338,7 +336,6 @@ impl EngineTask {
                     max,
                 } => self.fetch(group, topic, partition, fetch_id, from, max),
                 Effect::Persist { ticket, batch } => {
-                    self.shared.persists.fetch_add(1, AtomicOrdering::Relaxed);
                     let waiters = std::mem::take(&mut self.flush_waiters);
                     if !waiters.is_empty() {
                         self.ticket_waiters
@@ -366,21 +363,16 @@ impl EngineTask {
                     to,
                     not_done,
                     reason,
-                } => {
-                    self.shared
-                        .skipped
-                        .fetch_add(not_done, AtomicOrdering::Relaxed);
-                    match reason {
-                        SkipReason::Retention => tracing::warn!(
-                            %group, %topic, partition, from, to, not_done,
-                            "records deleted by retention before the group fetched them"
-                        ),
-                        SkipReason::BrokerTruncated => tracing::error!(
-                            %group, %topic, partition, from, to, not_done,
-                            "the log lost its tail; the group restarts at its new end"
-                        ),
-                    }
-                }
+                } => match reason {
+                    SkipReason::Retention => tracing::warn!(
+                        %group, %topic, partition, from, to, not_done,
+                        "records deleted by retention before the group fetched them"
+                    ),
+                    SkipReason::BrokerTruncated => tracing::error!(
+                        %group, %topic, partition, from, to, not_done,
+                        "the log lost its tail; the group restarts at its new end"
+                    ),
+                },
                 // The embedded log keeps no broker-side group offsets and is not a POP broker.
                 Effect::Commit { .. } | Effect::BrokerAck { .. } => {}
                 other => tracing::warn!(?other, "effect not handled by this shell"),
@@ -422,7 +414,6 @@ impl EngineTask {
         let log = self.log.clone();
         let events = self.events_tx.clone();
         let (wait_ms, max_bytes) = (self.fetch_wait_ms, self.fetch_max_bytes);
-        self.shared.fetches.fetch_add(1, AtomicOrdering::Relaxed);
         tokio::spawn(async move {
             let read = log
                 .fetch(topic, partition, from, max, max_bytes, wait_ms)
@@ -556,7 +547,8 @@ impl EngineTask {
             if let Command::Shutdown { reply } = command {
                 let _ = reply.send(Ok(()));
             } else {
-                reply_unavailable(command);
+                // Dropping the reply answers the caller `Unavailable` (see `ask`).
+                drop(command);
             }
             return;
         }
@@ -753,19 +745,6 @@ impl EngineTask {
                 }
                 self.seek(group, partition, offset, reply);
             }
-            Command::TopicCreated { topic } => {
-                let groups: Vec<GroupName> = self
-                    .mesh
-                    .group_names()
-                    .filter(|g| self.mesh.subscription(g).is_some_and(|s| s.topic == topic))
-                    .cloned()
-                    .collect();
-                for g in groups {
-                    if let Err(e) = self.assign_all(&g, &topic) {
-                        tracing::error!(group = %g, %topic, error = %e, "cannot assign partitions");
-                    }
-                }
-            }
             Command::Metrics { reply } => {
                 let _ = reply.send(Ok(self.metrics()));
             }
@@ -865,9 +844,6 @@ impl EngineTask {
                         }
                     }
                     Err(reason) => {
-                        self.shared
-                            .persist_failures
-                            .fetch_add(1, AtomicOrdering::Relaxed);
                         tracing::error!(ticket, %reason, "persist failed; progress stays where it was and is retried");
                         let _ = self.handle(Input::PersistFailed { ticket });
                         for w in waiters {
@@ -884,10 +860,8 @@ impl EngineTask {
 
     // ----- views -----
 
-    fn rows(&self, group: &GroupName) -> Vec<OffsetRow> {
-        let Some(view) = self.mesh.group_view(group) else {
-            return Vec::new();
-        };
+    fn rows(&self, view: &GroupView) -> Vec<OffsetRow> {
+        let group = &view.spec.group;
         view.lanes
             .iter()
             .map(|l| {
@@ -915,7 +889,7 @@ impl EngineTask {
     fn info(&self, group: &GroupName) -> Option<SubscriptionInfo> {
         let view = self.mesh.group_view(group)?;
         Some(SubscriptionInfo {
-            lanes: self.rows(group),
+            lanes: self.rows(&view),
             clients: view.clients.len(),
             replaying: view
                 .replay
@@ -936,7 +910,11 @@ impl EngineTask {
             .filter(|g| self.mesh.subscription(g).is_some_and(|s| s.topic == *topic))
             .cloned()
             .collect();
-        Ok(groups.iter().flat_map(|g| self.rows(g)).collect())
+        Ok(groups
+            .iter()
+            .filter_map(|g| self.mesh.group_view(g))
+            .flat_map(|view| self.rows(&view))
+            .collect())
     }
 
     fn metrics(&self) -> MetricsSnapshot {
@@ -955,26 +933,6 @@ fn topic_error(e: AppendError) -> EngineError {
     match e {
         AppendError::Invalid(m) | AppendError::TooLarge(m) => EngineError::BadRequest(m),
         AppendError::Unavailable(m) => EngineError::Unavailable(m),
-    }
-}
-
-fn reply_unavailable(command: Command) {
-    let e = || EngineError::Unavailable("shutting down".into());
-    match command {
-        Command::Subscribe { reply, .. } => drop(reply.send(Err(e()))),
-        Command::Unsubscribe { reply, .. } | Command::Seek { reply, .. } => {
-            drop(reply.send(Err(e())))
-        }
-        Command::Subscription { reply, .. } => drop(reply.send(Err(e()))),
-        Command::Subscriptions { reply } => drop(reply.send(Err(e()))),
-        Command::Poll { reply, .. } => drop(reply.send(Err(e()))),
-        Command::Settle { reply, .. } => drop(reply.send(Err(e()))),
-        Command::Clients { reply } => drop(reply.send(Err(e()))),
-        Command::Evict { reply, .. } | Command::Replay { reply, .. } => drop(reply.send(Err(e()))),
-        Command::Offsets { reply, .. } => drop(reply.send(Err(e()))),
-        Command::Metrics { reply } => drop(reply.send(Err(e()))),
-        Command::Shutdown { reply } => drop(reply.send(Ok(()))),
-        Command::TopicCreated { .. } => {}
     }
 }
 
@@ -1026,7 +984,5 @@ pub(crate) async fn persist_writer(
 }
 
 pub(crate) fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::log::WallClock::now_ms(&crate::log::SystemClock)
 }
