@@ -288,8 +288,8 @@ pub(crate) struct Shared {
     records_appended: AtomicU64,
     synced_writes: AtomicU64,
     write_failures: AtomicU64,
-    /// Why appends are refused, once a write failed (see `writer.rs`); `None` while healthy.
-    fault: Mutex<Option<String>>,
+    /// Why appends are refused, once a write failed (see `writer.rs`); unset while healthy.
+    fault: std::sync::OnceLock<String>,
     /// Test hook: this many next synced writes fail as if the disk refused them.
     #[cfg(test)]
     fail_next_writes: AtomicU32,
@@ -449,7 +449,7 @@ impl EmbeddedLog {
             records_appended: AtomicU64::new(0),
             synced_writes: AtomicU64::new(0),
             write_failures: AtomicU64::new(0),
-            fault: Mutex::new(None),
+            fault: std::sync::OnceLock::new(),
             #[cfg(test)]
             fail_next_writes: AtomicU32::new(0),
         });
@@ -529,7 +529,7 @@ impl EmbeddedLog {
     /// Why appends are refused until the log is reopened, if a write failed; `None` while
     /// appends work. Health checks report it so an operator (or orchestrator) restarts.
     pub fn fault(&self) -> Option<String> {
-        lock(&self.inner.shared.fault).clone()
+        self.inner.shared.fault.get().cloned()
     }
 
     /// Makes the next `n` synced writes fail as a full or broken disk would.
@@ -829,8 +829,11 @@ impl EmbeddedLog {
         // Both searches rely on append times and positions being non-decreasing along the
         // partition (the writer guarantees it), so each predicate splits `earliest..end`
         // into a deletable prefix and a kept suffix.
-        let (last, last_len) = header_at(end - 1)?;
-        let position_end = last.position.saturating_add(last_len);
+        // Where the partition's payload ends: what the size rule and the reclaim count need.
+        let position_end = || -> Result<u64, LogError> {
+            let (last, last_len) = header_at(end - 1)?;
+            Ok(last.position.saturating_add(last_len))
+        };
         let mut cut = earliest;
         if let Some(retention_ms) = cfg.retention_ms {
             let cutoff = now_wall_ms.saturating_sub(retention_ms);
@@ -846,6 +849,7 @@ impl EmbeddedLog {
             cut = cut.max(lo);
         }
         if let Some(max_bytes) = cfg.retention_bytes_per_partition {
+            let position_end = position_end()?;
             let (mut lo, mut hi) = (earliest, end);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
@@ -862,7 +866,7 @@ impl EmbeddedLog {
         }
         let position_at = |offset: Offset| -> Result<u64, LogError> {
             if offset >= end {
-                Ok(position_end)
+                position_end()
             } else {
                 Ok(header_at(offset)?.0.position)
             }

@@ -45,7 +45,6 @@ pub(crate) struct AppendRequest {
 
 pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
     let mut tails: HashMap<(TopicName, Partition), Tail> = HashMap::new();
-    let mut failed: Option<String> = None;
     let mut key = Vec::new();
     let mut value = Vec::new();
     let max_batch_bytes = shared.cfg.max_batch_bytes;
@@ -62,7 +61,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
                 Err(_) => break,
             }
         }
-        if let Some(reason) = &failed {
+        if let Some(reason) = shared.fault.get() {
             shared
                 .write_failures
                 .fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -84,8 +83,8 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
                 let reason =
                     format!("a log write failed, appends are refused until restart: {err}");
                 tracing::error!(error = %err, "embedded log write failed");
-                *super::lock(&shared.fault) = Some(reason.clone());
-                failed = Some(reason);
+                // Only this thread sets it, once; a reopen starts with a fresh `Shared`.
+                let _ = shared.fault.set(reason);
                 shared
                     .write_failures
                     .fetch_add(group.len() as u64, Ordering::Relaxed);
