@@ -92,7 +92,7 @@ pub struct MeshStats {
     pub fetch_pauses_for_ranges: u64,
     /// The counters of groups removed in this incarnation, so totals over all groups never
     /// go down when a group is deleted (a falling counter reads as a reset to Prometheus).
-    pub removed_groups: GroupStats,
+    pub removed_group_totals: GroupStats,
 }
 
 /// Read-only view of one lane, for admin and metrics.
@@ -406,6 +406,11 @@ impl Mesh {
     /// Whether `Input::Subscribe(spec)` would be accepted now, without changing anything,
     /// so the shell can refuse before it does work of its own (creating the topic).
     pub fn check_subscribe(&self, spec: &SubscriptionSpec) -> Result<(), Refusal> {
+        self.judge_subscribe(spec).map(|_| ())
+    }
+
+    /// `check_subscribe`, answering the slot of the group when it exists already.
+    fn judge_subscribe(&self, spec: &SubscriptionSpec) -> Result<Option<u32>, Refusal> {
         spec.validate(&self.cx.config.limits)
             .map_err(Refusal::InvalidSpec)?;
         match self.group_slot(&spec.group) {
@@ -421,22 +426,23 @@ impl Mesh {
                 if group.spec.ordering != spec.ordering {
                     return Err(Refusal::OrderingCannotChange);
                 }
-                Ok(())
+                Ok(Some(g))
             }
             None if self.group_ids.len() >= self.cx.config.max_groups => {
                 Err(Refusal::TooManyGroups {
                     max: self.cx.config.max_groups,
                 })
             }
-            None => Ok(()),
+            None => Ok(None),
         }
     }
 
     fn subscribe(&mut self, spec: SubscriptionSpec) -> Response {
-        if let Err(r) = self.check_subscribe(&spec) {
-            return Response::Refused(r);
-        }
-        if let Some(g) = self.group_slot(&spec.group) {
+        let existing = match self.judge_subscribe(&spec) {
+            Ok(existing) => existing,
+            Err(r) => return Response::Refused(r),
+        };
+        if let Some(g) = existing {
             let Some(group) = self.groups[g as usize].as_mut() else {
                 return Response::Refused(Refusal::UnknownGroup);
             };
@@ -489,7 +495,7 @@ impl Mesh {
         self.cx.touched_groups.retain(|&dg| dg != g);
         self.recovered.retain(|(gn, _), _| gn != name);
         self.removed_groups.push(name.clone());
-        self.cx.stats.removed_groups.absorb(&group.stats);
+        self.cx.stats.removed_group_totals.absorb(&group.stats);
         Response::Ok
     }
 
@@ -2298,15 +2304,14 @@ fn dispatch(cx: &mut Ctx, g: u32, group: &mut Group) {
             group.ready_lanes.remove(&p);
             continue;
         };
-        let Some(offset) = lane.ready.pop_first() else {
-            lane.listed = false;
-            group.ready_lanes.remove(&p);
-            continue;
-        };
+        let popped = lane.ready.pop_first();
         if lane.ready.is_empty() {
             lane.listed = false;
             group.ready_lanes.remove(&p);
         }
+        let Some(offset) = popped else {
+            continue;
+        };
         let Some(entry) = lane.entries.get_mut(&offset) else {
             continue;
         };

@@ -102,8 +102,9 @@ impl Progress {
             return false;
         }
         if start <= self.watermark {
-            // The common case, an in-order ACK: the watermark moves, possibly onto the
-            // first range (ranges start above the watermark and never touch each other).
+            // The common case, an in-order ACK: the watermark moves. Only the span clear of
+            // the first range is handled here; one that reaches it takes the general path
+            // (ranges start above the watermark and never touch each other).
             match self.ranges.first_key_value() {
                 None => {
                     self.watermark = end;

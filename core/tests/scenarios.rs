@@ -1012,13 +1012,13 @@ fn unsubscribe_forgets_the_group_durably() {
     assert!(w.store.checkpoints.contains_key(&(group("g"), 0)));
     let before = w.mesh.group_view(&group("g")).unwrap().stats;
     assert_eq!(before.delivered, 1);
-    assert_eq!(w.mesh.stats().removed_groups, GroupStats::default());
+    assert_eq!(w.mesh.stats().removed_group_totals, GroupStats::default());
     assert_eq!(
         w.handle(Input::Unsubscribe { group: group("g") }),
         Response::Ok
     );
     // Its counters stay in the instance's totals, which never go down.
-    assert_eq!(w.mesh.stats().removed_groups, before);
+    assert_eq!(w.mesh.stats().removed_group_totals, before);
     w.advance(100);
     assert!(w.store.subscriptions.is_empty());
     assert!(w.store.checkpoints.is_empty());

@@ -35,7 +35,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use unimesh_core::TopicName;
 
-use crate::engine::MetricsSnapshot;
+use crate::engine::{MetricsSnapshot, OffsetRow};
 
 /// The content type of the scrape answer.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -44,6 +44,9 @@ type Labels = Vec<(&'static str, String)>;
 
 /// Reads one counter of a group's stats.
 type StatOf = fn(&unimesh_core::GroupStats) -> u64;
+
+/// Reads one gauge of a group's lane.
+type LaneOf = fn(&OffsetRow) -> u64;
 
 pub struct Metrics {
     registry: Registry,
@@ -179,39 +182,33 @@ impl Collector for SnapshotCollector {
                 .groups
                 .iter()
                 .map(|g| get(&g.stats))
-                .fold(get(&snap.mesh.removed_groups), u64::saturating_add);
+                .fold(get(&snap.mesh.removed_group_totals), u64::saturating_add);
             let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(sum).encode(m)?;
         }
 
-        let mut in_flight = encoder.encode_descriptor(
-            "unimesh_in_flight",
-            "Deliveries handed out and not yet done, per group and partition",
-            None,
-            MetricType::Gauge,
-        )?;
-        for g in &snap.groups {
-            for lane in &g.lanes {
-                let labels = [
-                    ("group", g.spec.group.as_str().to_owned()),
-                    ("partition", lane.partition.to_string()),
-                ];
-                ConstGauge::new(lane.in_flight).encode(in_flight.encode_family(&labels)?)?;
-            }
-        }
-        let mut lag = encoder.encode_descriptor(
-            "unimesh_lag",
-            "Log end offset minus the group's ACK watermark, per group and partition",
-            None,
-            MetricType::Gauge,
-        )?;
-        for g in &snap.groups {
-            for lane in &g.lanes {
-                let labels = [
-                    ("group", g.spec.group.as_str().to_owned()),
-                    ("partition", lane.partition.to_string()),
-                ];
-                ConstGauge::new(lane.lag).encode(lag.encode_family(&labels)?)?;
+        let lane_gauges: [(&str, &str, LaneOf); 2] = [
+            (
+                "unimesh_in_flight",
+                "Deliveries handed out and not yet done, per group and partition",
+                |l| l.in_flight,
+            ),
+            (
+                "unimesh_lag",
+                "Log end offset minus the group's ACK watermark, per group and partition",
+                |l| l.lag,
+            ),
+        ];
+        for (name, help, get) in lane_gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for g in &snap.groups {
+                for lane in &g.lanes {
+                    let labels = [
+                        ("group", g.spec.group.as_str().to_owned()),
+                        ("partition", lane.partition.to_string()),
+                    ];
+                    ConstGauge::new(get(lane)).encode(family.encode_family(&labels)?)?;
+                }
             }
         }
 
