@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use unimesh_core::{ClientId, GroupName, RateRule, TopicName};
 
-use super::body::{parse_json, read_body, require_json};
+use super::body::{parse_json, read_json_body};
 use super::error::{code, ApiError};
 use super::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use super::query::Query;
@@ -30,7 +30,6 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
 {
-    let param = || m.params.first().map(String::as_str).unwrap_or_default();
     match m.route.id {
         RouteId::Metrics => {
             no_query(parts)?;
@@ -92,7 +91,7 @@ where
             json(StatusCode::OK, &serde_json::json!({ "clients": views }))
         }
         RouteId::EvictClient => {
-            let client = ClientId::new(param())?;
+            let client = ClientId::new(m.param())?;
             no_query(parts)?;
             let groups = app.engine.evict(&client).await?;
             json(
@@ -111,7 +110,7 @@ where
             )
         }
         RouteId::DlqBrowse => {
-            let group = GroupName::new(param())?;
+            let group = GroupName::new(m.param())?;
             let max = dlq_max(app, parts)?;
             let items = app.engine.dlq(&group, max).await?;
             let entries: Vec<DlqView> = items.iter().map(DlqView::new).collect();
@@ -121,7 +120,7 @@ where
             )
         }
         RouteId::DlqReplay => {
-            let group = GroupName::new(param())?;
+            let group = GroupName::new(m.param())?;
             let max = dlq_max(app, parts)?;
             let replayed = app.engine.dlq_replay(&group, max).await?;
             json(
@@ -131,7 +130,7 @@ where
         }
         RouteId::RateLimit => {
             no_query(parts)?;
-            let bytes = json_body(app, parts, body).await?;
+            let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
             let b: RateLimitBody = parse_json(&bytes)?;
             let topic = TopicName::new(&b.topic)?;
             let rule = RateRule {
@@ -149,9 +148,9 @@ where
             )
         }
         RouteId::Seek => {
-            let group = GroupName::new(param())?;
+            let group = GroupName::new(m.param())?;
             no_query(parts)?;
-            let bytes = json_body(app, parts, body).await?;
+            let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
             let b: SeekBody = parse_json(&bytes)?;
             app.engine.seek(&group, b.partition, b.offset).await?;
             json(
@@ -173,15 +172,6 @@ where
 pub(super) fn openapi(parts: &Parts) -> Result<Response<ResBody>, ApiError> {
     no_query(parts)?;
     Ok(with_type(StatusCode::OK, "application/json", OPENAPI_JSON))
-}
-
-async fn json_body<B>(app: &App, parts: &Parts, body: B) -> Result<Bytes, ApiError>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
-{
-    require_json(&parts.headers)?;
-    read_body(&app.limits, body, &parts.headers, app.limits.max_json_bytes).await
 }
 
 fn dlq_max(app: &App, parts: &Parts) -> Result<usize, ApiError> {

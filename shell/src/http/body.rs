@@ -187,6 +187,21 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Parses a JSON body into `T` (whose type refuses unknown fields). serde_json's message
 /// names the field and position (`unknown field `x`, expected one of ...`).
+/// The body of a JSON request (any route but publish): JSON content type, at most
+/// `limits.max_json_bytes`.
+pub async fn read_json_body<B>(
+    limits: &Limits,
+    headers: &HeaderMap,
+    body: B,
+) -> Result<Bytes, ApiError>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display,
+{
+    require_json(headers)?;
+    read_body(limits, body, headers, limits.max_json_bytes).await
+}
+
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_json(

@@ -18,7 +18,6 @@ use crate::spec_json::FieldError;
 pub mod code {
     pub const CONFLICT: &str = "conflict";
     pub const INTERNAL: &str = "internal";
-    pub const INVALID_CLOUDEVENT: &str = "invalid-cloudevent";
     pub const INVALID_JSON: &str = "invalid-json";
     pub const INVALID_NAME: &str = "invalid-name";
     pub const INVALID_QUERY: &str = "invalid-query";

@@ -103,6 +103,13 @@ pub struct Matched {
     pub params: Vec<String>,
 }
 
+impl Matched {
+    /// The path's one parameter (`{topic}` or `{group}`), empty when the route has none.
+    pub fn param(&self) -> &str {
+        self.params.first().map(String::as_str).unwrap_or_default()
+    }
+}
+
 /// Finds the route of a request: 404 when no route of this listener has the path, 405 (with
 /// the allowed methods) when some have it with another method.
 pub fn route(listener: Listener, method: &Method, path: &str) -> Result<Matched, ApiError> {

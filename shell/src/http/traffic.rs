@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use unimesh_core::{ClientId, DeliveryId, GroupName, Settle, TopicName};
 
-use super::body::{parse_json, read_body, require_json};
+use super::body::{parse_json, read_body, read_json_body};
 use super::error::{code, ApiError};
 use super::query::Query;
 use super::router::{Matched, RouteId};
@@ -30,20 +30,19 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
 {
-    let param = || m.params.first().map(String::as_str).unwrap_or_default();
     match m.route.id {
-        RouteId::Publish => publish(app, TopicName::new(param())?, parts, body).await,
+        RouteId::Publish => publish(app, TopicName::new(m.param())?, parts, body).await,
         RouteId::PutSubscription => {
-            put_subscription(app, GroupName::new(param())?, parts, body).await
+            put_subscription(app, GroupName::new(m.param())?, parts, body).await
         }
         RouteId::GetSubscription => {
-            let group = GroupName::new(param())?;
+            let group = GroupName::new(m.param())?;
             no_query(parts)?;
             let info = app.engine.subscription(&group).await?;
             json(StatusCode::OK, &SubscriptionView::new(&info))
         }
         RouteId::DeleteSubscription => {
-            let group = GroupName::new(param())?;
+            let group = GroupName::new(m.param())?;
             no_query(parts)?;
             app.engine.unsubscribe(&group).await?;
             json(
@@ -51,13 +50,31 @@ where
                 &serde_json::json!({ "group": group.as_str(), "deleted": true }),
             )
         }
-        RouteId::Poll => poll(app, GroupName::new(param())?, parts).await,
-        RouteId::Ack => settle(app, GroupName::new(param())?, SettleKind::Ack, parts, body).await,
-        RouteId::Nack => settle(app, GroupName::new(param())?, SettleKind::Nack, parts, body).await,
+        RouteId::Poll => poll(app, GroupName::new(m.param())?, parts).await,
+        RouteId::Ack => {
+            settle(
+                app,
+                GroupName::new(m.param())?,
+                SettleKind::Ack,
+                parts,
+                body,
+            )
+            .await
+        }
+        RouteId::Nack => {
+            settle(
+                app,
+                GroupName::new(m.param())?,
+                SettleKind::Nack,
+                parts,
+                body,
+            )
+            .await
+        }
         RouteId::Extend => {
             settle(
                 app,
-                GroupName::new(param())?,
+                GroupName::new(m.param())?,
                 SettleKind::Extend,
                 parts,
                 body,
@@ -141,8 +158,7 @@ where
     B::Error: std::fmt::Display,
 {
     no_query(parts)?;
-    require_json(&parts.headers)?;
-    let bytes = read_body(&app.limits, body, &parts.headers, app.limits.max_json_bytes).await?;
+    let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
     // Broken JSON is `invalid-json` as on every other route; what is wrong inside a
     // well-formed document is `invalid-subscription`, naming the field.
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
@@ -324,8 +340,7 @@ where
     B::Error: std::fmt::Display,
 {
     no_query(parts)?;
-    require_json(&parts.headers)?;
-    let bytes = read_body(&app.limits, body, &parts.headers, app.limits.max_json_bytes).await?;
+    let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
     let limits = &app.subscription;
     let (raw_ids, how, counted) = match kind {
         SettleKind::Ack => {
