@@ -225,19 +225,6 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
     tracing::info!(addr = %traffic, "traffic API listening on http://{traffic}");
     tracing::info!(addr = %admin, "admin API listening on http://{admin} (metrics at /metrics)");
 
-    {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            // Readiness is the engine's to decide (epoch durable); say when it is reached.
-            while !engine.is_ready() && engine.is_healthy() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            if engine.is_ready() {
-                tracing::info!("ready");
-            }
-        });
-    }
-
     let app = Arc::new(App::new(engine.clone(), &cfg));
     let mut engine_task = engine_task;
     let mut engine_ended = false;

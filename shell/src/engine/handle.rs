@@ -162,10 +162,6 @@ impl EngineHandle {
         self.shared.ready.load(AtomicOrdering::Relaxed)
     }
 
-    pub fn is_healthy(&self) -> bool {
-        self.health().is_ok()
-    }
-
     /// `Err(why)` when the process needs a restart to serve fully again: the engine task
     /// stopped, or the log refuses appends after a failed write.
     pub fn health(&self) -> Result<(), String> {

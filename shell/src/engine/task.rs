@@ -249,9 +249,12 @@ impl EngineTask {
                 }
             }
             self.on_tick();
-            self.shared
-                .ready
-                .store(self.mesh.is_ready(), AtomicOrdering::Relaxed);
+            // Readiness is the core's to decide (the new epoch is durable); say when reached.
+            let ready = self.mesh.is_ready();
+            let was_ready = self.shared.ready.swap(ready, AtomicOrdering::Relaxed);
+            if ready && !was_ready {
+                tracing::info!("ready");
+            }
             if self.shutdown_complete() {
                 break;
             }
@@ -459,14 +462,20 @@ impl EngineTask {
 
     // ----- polls -----
 
-    fn finish_waiter(&mut self, key: &(GroupName, ClientId)) {
-        let Some(w) = self.waiters.remove(key) else {
-            return;
-        };
+    /// Removes a waiting poll with its index and deadline entries.
+    fn take_waiter(&mut self, key: &(GroupName, ClientId)) -> Option<Waiter> {
+        let w = self.waiters.remove(key)?;
         self.poll_index.remove(&w.id);
         if let Some(t) = w.deadline {
             self.poll_deadlines.remove(&(t, w.id));
         }
+        Some(w)
+    }
+
+    fn finish_waiter(&mut self, key: &(GroupName, ClientId)) {
+        let Some(w) = self.take_waiter(key) else {
+            return;
+        };
         // Withdraw what is left of the credit: nothing may be handed to a client that is
         // no longer waiting.
         let _ = self.handle(Input::ClientPoll {
@@ -522,11 +531,7 @@ impl EngineTask {
         }
         match self.handle(Input::ClientPoll { group, client, max }) {
             Response::Refused(r) => {
-                if let Some(w) = self.waiters.remove(&key) {
-                    self.poll_index.remove(&w.id);
-                    if let Some(t) = w.deadline {
-                        self.poll_deadlines.remove(&(t, w.id));
-                    }
+                if let Some(w) = self.take_waiter(&key) {
                     let _ = w.reply.send(Err(refusal(r, &key.0)));
                 }
                 self.to_finish.retain(|k| *k != key);
@@ -587,11 +592,7 @@ impl EngineTask {
                             .cloned()
                             .collect();
                         for key in waiting {
-                            if let Some(w) = self.waiters.remove(&key) {
-                                self.poll_index.remove(&w.id);
-                                if let Some(t) = w.deadline {
-                                    self.poll_deadlines.remove(&(t, w.id));
-                                }
+                            if let Some(w) = self.take_waiter(&key) {
                                 let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));
                             }
                         }
