@@ -61,7 +61,13 @@ fn find_or_build() -> Result<PathBuf, String> {
         eprintln!("unimesh binary (UNIMESH_BIN): {}", p.display());
         return Ok(p);
     }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    // The directory cargo names at run time first: cargo fingerprints workspace paths
+    // relative to the workspace root, so a target directory shared by two clones can hand
+    // this binary over with the other clone's compile-time path baked in.
+    let package_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let manifest = package_dir.join("../Cargo.toml");
     let release = built_as_release();
     let mut build = escargot::CargoBuild::new()
         .manifest_path(&manifest)
