@@ -41,6 +41,16 @@ const MAX_RESPONSE_BYTES: u64 = 256 << 20;
 
 // ----- the binary -----
 
+/// This package's directory (`tests/`) in the checkout being tested: the one cargo names at
+/// run time first. Cargo fingerprints workspace paths relative to the workspace root, so a
+/// target directory shared by two clones (as `.ci/run` allows) can hand a test binary over
+/// with the other clone's compile-time `CARGO_MANIFEST_DIR` baked in.
+pub fn package_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// The path of the `unimesh` binary: `UNIMESH_BIN` if set, otherwise built (once per
 /// process) with `cargo build -p unimesh-shell --bin unimesh`, release when this test binary
 /// is a release build. Panics with cargo's output when the build fails.
@@ -61,13 +71,7 @@ fn find_or_build() -> Result<PathBuf, String> {
         eprintln!("unimesh binary (UNIMESH_BIN): {}", p.display());
         return Ok(p);
     }
-    // The directory cargo names at run time first: cargo fingerprints workspace paths
-    // relative to the workspace root, so a target directory shared by two clones can hand
-    // this binary over with the other clone's compile-time path baked in.
-    let package_dir = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    let manifest = package_dir.join("../Cargo.toml");
+    let manifest = package_dir().join("../Cargo.toml");
     let release = built_as_release();
     let mut build = escargot::CargoBuild::new()
         .manifest_path(&manifest)

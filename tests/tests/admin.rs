@@ -4,7 +4,6 @@
 //! seek (operator replay of one group's partition), and per-topic rate limits.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::Duration;
 
 use unimesh_tests::{event, json, metric, published, wait_for, Delivery, Server, Value};
@@ -19,7 +18,7 @@ fn health_ready_and_the_openapi_document() {
     let r = s.admin_get("/admin/ready").ok_json(200);
     assert_eq!(r, json!({ "status": "ready" }));
 
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shell/openapi.json");
+    let path = unimesh_tests::package_dir().join("../shell/openapi.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let in_repo: Value = serde_json::from_str(&text)

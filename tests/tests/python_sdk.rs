@@ -7,7 +7,6 @@
 //! `.ci/run`); without them this test fails, saying so, rather than passing silently.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,7 +46,7 @@ fn require_python_packages() {
 /// Runs the script to completion (bounded), returning its stdout; panics with its stderr if
 /// it fails.
 fn run_script(base: &str, topic: &str, group: &str) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/publish_with_sdk.py");
+    let script = unimesh_tests::package_dir().join("python/publish_with_sdk.py");
     let mut child = Command::new(python())
         .arg(&script)
         .args([base, topic, group])
