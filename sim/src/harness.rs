@@ -45,6 +45,10 @@ pub struct RunReport {
     pub stats: CheckerStats,
     pub records: u64,
     pub dead_letters: usize,
+    /// A hash of the trace and of what the mesh shows at the end of the run (its stats and
+    /// every group's view): equal digests for a seed mean the same inputs gave the same
+    /// effects, answers and views. `sim/tests/trace_hashes.rs` holds them to a list.
+    pub digest: u64,
 }
 
 /// A failing run: what broke, and where.
@@ -211,6 +215,7 @@ pub fn run(opt: Options) -> Result<RunReport, Failure> {
             stats: sim.checker.stats.clone(),
             records: u64::from(sim.published),
             dead_letters: sim.store.dlq_len(),
+            digest: sim.digest(),
         }),
         Err(violation) => Err(Failure {
             seed: sim.opt.seed,
@@ -302,6 +307,23 @@ impl Sim {
     fn exp(&mut self, mean: Millis) -> Millis {
         let u = self.rng.unit().max(1e-9);
         ((-u.ln()) * mean as f64) as Millis + 1
+    }
+
+    /// The trace hash mixed with the mesh's final stats and views (see `RunReport::digest`).
+    fn digest(&self) -> u64 {
+        let mut text = format!("{:016x}", self.trace.hash());
+        if let Some(mesh) = &self.mesh {
+            text.push_str(&format!(
+                "|{}|{:?}|{}",
+                mesh.epoch(),
+                mesh.stats(),
+                mesh.outstanding_persists()
+            ));
+            for name in mesh.group_names() {
+                text.push_str(&format!("|{:?}", mesh.group_view(name)));
+            }
+        }
+        crate::trace::fnv1a(text.as_bytes())
     }
 
     fn note(&mut self, what: &'static str, args: [u64; 4]) {

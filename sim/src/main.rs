@@ -1,5 +1,10 @@
 //! `unimesh-sim --seeds N [--from S] [--jobs J] [--small]`: sweep seeds, print progress,
 //! rates and fault counts; on a failure print the seed, the clause and a short trace.
+//!
+//! `--hashes` prints `seed trace-hash digest` per seed instead (the list that
+//! `sim/tests/trace_hashes.txt` keeps); `--check-hashes FILE` runs the seeds of such a list
+//! and fails on the first that differs (a refactor of the core or the harness must keep
+//! every one).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -12,6 +17,8 @@ struct Args {
     from: u64,
     jobs: usize,
     size: Size,
+    hashes: bool,
+    check: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -20,6 +27,8 @@ fn parse() -> Result<Args, String> {
         from: 0,
         jobs: 1,
         size: Size::Normal,
+        hashes: false,
+        check: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -33,8 +42,12 @@ fn parse() -> Result<Args, String> {
             "--from" => args.from = number("--from")?,
             "--jobs" => args.jobs = number("--jobs")?.clamp(1, 64) as usize,
             "--small" => args.size = Size::Small,
+            "--hashes" => args.hashes = true,
+            "--check-hashes" => {
+                args.check = Some(it.next().ok_or("--check-hashes needs a file")?);
+            }
             "-h" | "--help" => {
-                return Err("usage: unimesh-sim [--seeds N] [--from S] [--jobs J] [--small]".into())
+                return Err("usage: unimesh-sim [--seeds N] [--from S] [--jobs J] [--small] [--hashes | --check-hashes FILE]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -57,6 +70,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(file) = &args.check {
+        return check_hashes(file, args.size, args.jobs);
+    }
+    if args.hashes {
+        return print_hashes(args.from, args.seeds, args.size, args.jobs);
+    }
     println!(
         "unimesh-sim: seeds {}..{} size={:?} jobs={}",
         args.from,
@@ -98,4 +117,93 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints `seed trace-hash digest` for each seed, in seed order.
+fn print_hashes(from: u64, seeds: u64, size: Size, jobs: usize) -> ExitCode {
+    let list: Vec<u64> = (from..from.saturating_add(seeds)).collect();
+    let mut failed = false;
+    for (seed, outcome) in hashes_of(&list, size, jobs) {
+        match outcome {
+            Ok((trace, digest)) => println!("{seed} {trace:016x} {digest:016x}"),
+            Err(f) => {
+                eprintln!("{f}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Runs the seeds of a `--hashes` list and compares; prints every difference.
+fn check_hashes(file: &str, size: Size, jobs: usize) -> ExitCode {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cannot read {file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let want = match unimesh_sim::sweep::parse_hash_list(&text) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let start = Instant::now();
+    let seeds: Vec<u64> = want.iter().map(|w| w.0).collect();
+    let mut differ = 0usize;
+    for ((seed, outcome), &(_, trace, digest)) in
+        hashes_of(&seeds, size, jobs).into_iter().zip(&want)
+    {
+        match outcome {
+            Ok(got) if got == (trace, digest) => {}
+            Ok((t, d)) => {
+                differ += 1;
+                println!("seed {seed}: trace {t:016x} digest {d:016x}, list says {trace:016x} {digest:016x}");
+            }
+            Err(f) => {
+                differ += 1;
+                println!("seed {seed} failed: {f}");
+            }
+        }
+    }
+    println!(
+        "{} seeds checked in {:.1}s, {differ} differ",
+        want.len(),
+        start.elapsed().as_secs_f64()
+    );
+    if differ == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+type HashOutcome = Result<(u64, u64), unimesh_sim::Failure>;
+
+/// (seed, (trace hash, digest)) for each seed, in the order given, on `jobs` threads.
+fn hashes_of(seeds: &[u64], size: Size, jobs: usize) -> Vec<(u64, HashOutcome)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: std::sync::Mutex<Vec<(usize, u64, HashOutcome)>> = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&seed) = seeds.get(i) else { return };
+                let r = unimesh_sim::run_seed(seed, size).map(|r| (r.trace_hash, r.digest));
+                out.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, seed, r));
+            });
+        }
+    });
+    let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    out.sort_by_key(|x| x.0);
+    out.into_iter().map(|(_, seed, r)| (seed, r)).collect()
 }

@@ -84,3 +84,26 @@ pub fn sweep(
         failure.into_inner().unwrap_or_else(|e| e.into_inner()),
     )
 }
+
+/// Reads a list of `seed trace-hash digest` lines (hex hashes; `#` starts a comment).
+pub fn parse_hash_list(text: &str) -> Result<Vec<(u64, u64, u64)>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut it = line.split_whitespace();
+        let mut field = |what: &str, radix: u32| -> Result<u64, String> {
+            let v = it
+                .next()
+                .ok_or_else(|| format!("line {}: no {what}", n + 1))?;
+            u64::from_str_radix(v, radix).map_err(|_| format!("line {}: bad {what} {v:?}", n + 1))
+        };
+        let seed = field("seed", 10)?;
+        let trace = field("trace hash", 16)?;
+        let digest = field("digest", 16)?;
+        out.push((seed, trace, digest));
+    }
+    Ok(out)
+}

@@ -81,3 +81,13 @@ impl Trace {
         self.ring.iter().map(ToString::to_string).collect()
     }
 }
+
+/// FNV-1a of some bytes (the trace's own mixing, for digests of text).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
