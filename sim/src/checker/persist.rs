@@ -7,7 +7,7 @@
 
 use unimesh_core::{DlqKey, LaneCheckpoint, Offset, PersistBatch, Progress, RecordMeta, Ticket};
 
-use super::state::{bit, newly_done, Emitted, EmittedLane, NewlyDone};
+use super::state::{bit, newly_done, Emitted, EmittedLane, LaneState, NewlyDone};
 use super::{fail, Check, Checker, Clause, Violation};
 
 impl Checker {
@@ -161,38 +161,27 @@ impl Checker {
         }
         // C1: every newly durable done offset was ACKed, dead-lettered, filtered out,
         // skipped by retention (reported) or passed over by a seek — in that generation.
-        let b = bit(gen);
-        for &(a, e) in &fresh {
-            if e > log_len {
-                fail(
-                    Clause::C1,
-                    format!(
-                        "{gname}/{p}: offsets up to {e} marked done but the log ends at {log_len}"
-                    ),
-                )?;
-            }
-            for o in a..e {
-                if o < start {
-                    continue;
-                }
-                let r = lane.rec(o);
-                let ok = r.acked_mask & b != 0
-                    || r.op_mask & b != 0
-                    || dlq.contains(&DlqKey {
-                        group: c.group.clone(),
-                        partition: c.partition,
-                        offset: o,
-                    });
-                if !ok && !filtered_out(o) && !lane.is_skipped(o) {
-                    fail(
-                        Clause::C1,
-                        format!(
-                            "{gname}/{p}: offset {o} made durable as done (watermark {}, generation {gen}) but never ACKed or dead-lettered",
-                            c.checkpoint.progress.watermark()
-                        ),
-                    )?;
-                }
-            }
+        let dead_lettered = |o: Offset| {
+            dlq.contains(&DlqKey {
+                group: c.group.clone(),
+                partition: c.partition,
+                offset: o,
+            })
+        };
+        let justified = |o: Offset| dead_lettered(o) || filtered_out(o);
+        match lane.first_unjustified(&fresh, gen, start, log_len, justified) {
+            None => {}
+            Some(Unjustified::PastLogEnd(e)) => fail(
+                Clause::C1,
+                format!("{gname}/{p}: offsets up to {e} marked done but the log ends at {log_len}"),
+            )?,
+            Some(Unjustified::NeverAcked(o)) => fail(
+                Clause::C1,
+                format!(
+                    "{gname}/{p}: offset {o} made durable as done (watermark {}, generation {gen}) but never ACKed or dead-lettered",
+                    c.checkpoint.progress.watermark()
+                ),
+            )?,
         }
         for &(o, n) in &c.checkpoint.attempts {
             let r = lane.rec(o);
@@ -241,5 +230,45 @@ impl Checker {
     /// The store refused `ticket`: nothing in it counts.
     pub fn persist_failed(&mut self, ticket: Ticket) {
         self.emitted.remove(&(self.incarnation, ticket));
+    }
+}
+
+/// Why a checkpoint may not mark an offset done (C1).
+enum Unjustified {
+    /// It marks offsets up to this one done, past the end of the broker's log.
+    PastLogEnd(Offset),
+    /// It marks this offset done, which nothing justifies.
+    NeverAcked(Offset),
+}
+
+impl LaneState {
+    /// The first of the offsets in `fresh` (from `start` on) that was neither ACKed nor
+    /// passed over by a seek in generation `gen`, not `justified` otherwise (dead-lettered,
+    /// filtered out) and not skipped by retention; or the first interval past `log_len`.
+    fn first_unjustified(
+        &mut self,
+        fresh: &[(Offset, Offset)],
+        gen: u32,
+        start: Offset,
+        log_len: Offset,
+        justified: impl Fn(Offset) -> bool,
+    ) -> Option<Unjustified> {
+        let b = bit(gen);
+        for &(a, e) in fresh {
+            if e > log_len {
+                return Some(Unjustified::PastLogEnd(e));
+            }
+            for o in a..e {
+                if o < start {
+                    continue;
+                }
+                let r = self.rec(o);
+                let acked = r.acked_mask & b != 0 || r.op_mask & b != 0;
+                if !acked && !justified(o) && !self.is_skipped(o) {
+                    return Some(Unjustified::NeverAcked(o));
+                }
+            }
+        }
+        None
     }
 }
