@@ -1,29 +1,43 @@
-//! What the mesh tells the broker: commits of group offsets (C3: never beyond the durable
-//! watermark, never back except after a seek), POP broker ACKs (C6: only for records
-//! durably done) and records reported skipped (C1: only what retention deleted).
+//! What the mesh tells the broker: commits of group offsets (C3: never beyond what the
+//! committing owner made durable, never back except after a seek or a loss of the broker's
+//! tail, never from a fenced owner), POP broker ACKs (C6: only for records durably done)
+//! and records reported skipped (C1: retention only what retention deleted; a truncation
+//! only what the broker lost and the lane had not heard of yet).
 
 use unimesh_core::{DlqKey, GroupName, Offset, Partition, SkipReason};
 
 use super::{fail, Check, Checker, Clause};
 
 impl Checker {
-    /// `Commit` of a durable watermark to a broker with group offsets.
+    /// `Commit` of a durable watermark, by the selected instance, to a broker with group
+    /// offsets (one the broker accepted: a fenced owner's must have been refused).
     pub fn committed(&mut self, group: &GroupName, p: Partition, offset: Offset) -> Check {
+        let inst = self.current;
         let Some(lane) = self.groups.get_mut(group).and_then(|g| g.lanes.get_mut(&p)) else {
             return fail(
                 Clause::C3,
                 format!("{group}/{p}: commit for an unknown lane"),
             );
         };
-        let durable = lane.durable.as_ref().map(|c| c.progress.watermark());
-        if durable.is_none_or(|wm| offset > wm) {
+        let stamp = lane.owner_stamp;
+        let o = lane.owner(inst);
+        if o.fenced(stamp) {
             return fail(
                 Clause::C3,
-                format!("{group}/{p}: committed {offset} beyond the durable watermark {durable:?}"),
+                format!("{group}/{p}: commit {offset} of instance {inst} accepted although the lane was given to another owner (it must be fenced)"),
+            );
+        }
+        if o.applied_wm.is_none_or(|wm| offset > wm) {
+            return fail(
+                Clause::C3,
+                format!(
+                    "{group}/{p}: committed {offset} beyond what instance {inst} made durable ({:?})",
+                    o.applied_wm
+                ),
             );
         }
         if let Some(prev) = lane.committed {
-            if offset < prev && lane.commit_seek_gen == lane.seek_gen {
+            if offset < prev && lane.commit_rewinds == lane.rewinds {
                 return fail(
                     Clause::C3,
                     format!("{group}/{p}: commit went back {prev} -> {offset}"),
@@ -31,8 +45,23 @@ impl Checker {
             }
         }
         lane.committed = Some(offset);
-        lane.commit_seek_gen = lane.seek_gen;
+        lane.commit_rewinds = lane.rewinds;
         Ok(())
+    }
+
+    /// Whether the DLQ ledger holds the record now at `p/o` for the group.
+    pub(super) fn dead_lettered(&self, group: &GroupName, p: Partition, o: Offset) -> bool {
+        let key = DlqKey {
+            group: group.clone(),
+            partition: p,
+            offset: o,
+        };
+        let serial = self
+            .groups
+            .get(group)
+            .and_then(|g| self.logs.get(&(g.topic.clone(), p)))
+            .and_then(|l| l.serial_at(o));
+        serial.is_some() && self.dlq.get(&key).copied() == serial
     }
 
     /// C6: a POP broker is ACKed for a record only once it is durably done for the group.
@@ -40,11 +69,8 @@ impl Checker {
     /// client's ACK stands; the operator only chose to see the record again), so those may
     /// go out once the seek's own checkpoint is durable.
     pub fn broker_acked(&mut self, group: &GroupName, p: Partition, offset: Offset) -> Check {
-        let dlq = self.dlq.contains(&DlqKey {
-            group: group.clone(),
-            partition: p,
-            offset,
-        });
+        let inst = self.current;
+        let dlq = self.dead_lettered(group, p, offset);
         let Some(g) = self.groups.get(group) else {
             return fail(
                 Clause::C6,
@@ -59,8 +85,10 @@ impl Checker {
             );
         };
         let durable = lane.durable_done(offset);
-        let seek_gen = lane.seek_gen;
-        let seek_durable = !lane.seek_pending;
+        let (seek_gen, seek_durable) = {
+            let o = lane.owner(inst);
+            (o.seek_gen, !o.seek_pending)
+        };
         let r = lane.rec(offset);
         let kept_by_seek = seek_gen > 0
             && seek_durable
@@ -83,11 +111,7 @@ impl Checker {
         p: Partition,
         offset: Offset,
     ) -> Check {
-        let dlq = self.dlq.contains(&DlqKey {
-            group: group.clone(),
-            partition: p,
-            offset,
-        });
+        let dlq = self.dead_lettered(group, p, offset);
         let Some(lane) = self.groups.get_mut(group).and_then(|g| g.lanes.get_mut(&p)) else {
             return fail(
                 Clause::C6,
@@ -104,7 +128,9 @@ impl Checker {
         Ok(())
     }
 
-    /// The mesh reported records it will never deliver.
+    /// The selected instance's mesh reported records it will never deliver: deleted by
+    /// retention, or lost by the broker (`[from, to)` named records the lane had fetched,
+    /// and the lane starts again at `from`).
     pub fn skipped(
         &mut self,
         group: &GroupName,
@@ -116,20 +142,68 @@ impl Checker {
         let Some(g) = self.groups.get(group) else {
             return Ok(());
         };
-        let earliest = self
-            .logs
-            .get(&(g.topic.clone(), p))
-            .map_or(0, |l| l.earliest);
-        if reason != SkipReason::Retention || to > earliest {
+        let Some(log) = self.logs.get(&(g.topic.clone(), p)) else {
             return fail(
                 Clause::C1,
-                format!("{group}/{p}: skipped [{from}, {to}) ({reason:?}) but the broker still has from {earliest}"),
+                format!("{group}/{p}: skip in an unknown partition"),
+            );
+        };
+        let earliest = log.earliest;
+        match reason {
+            SkipReason::Retention => {
+                if to > earliest {
+                    return fail(
+                        Clause::C1,
+                        format!("{group}/{p}: skipped [{from}, {to}) (retention) but the broker still has from {earliest}"),
+                    );
+                }
+                self.stats.skipped_offsets += to.saturating_sub(from);
+                if let Some(lane) = self.lane_mut(group, p) {
+                    lane.skipped.push((from, to));
+                }
+                Ok(())
+            }
+            SkipReason::BrokerTruncated => self.truncation_reported(group, p, from, to),
+        }
+    }
+
+    /// A lane of the selected instance reported that the broker lost `[from, to)`: only a
+    /// loss it had not heard of, from the lowest such truncation; what it held from there
+    /// is gone (deliveries end, key order restarts).
+    fn truncation_reported(
+        &mut self,
+        group: &GroupName,
+        p: Partition,
+        from: Offset,
+        to: Offset,
+    ) -> Check {
+        let inst = self.current;
+        let truncations = self
+            .groups
+            .get(group)
+            .and_then(|g| self.logs.get(&(g.topic.clone(), p)))
+            .map(|l| l.truncations.clone())
+            .unwrap_or_default();
+        let Some(g) = self.groups.get_mut(group) else {
+            return Ok(());
+        };
+        let lane = g.lanes.entry(p).or_default();
+        let o = lane.owner(inst);
+        let unknown = truncations.get(o.knows..).unwrap_or(&[]);
+        let lowest = unknown.iter().map(|t| t.new_end).min();
+        let highest = unknown.iter().map(|t| t.old_end).max();
+        if lowest != Some(from) || highest.is_none_or(|h| to > h) || to <= from {
+            return fail(
+                Clause::C1,
+                format!("{group}/{p}: skipped [{from}, {to}) as lost by the broker, but the losses it had not heard of are {unknown:?}"),
             );
         }
-        self.stats.skipped_offsets += to.saturating_sub(from);
-        if let Some(lane) = self.lane_mut(group, p) {
-            lane.skipped.push((from, to));
-        }
+        o.must_report = None;
+        o.delivered_end = o.delivered_end.min(from);
+        o.key_last.retain(|_, &mut (_, last)| last < from);
+        g.inflight
+            .retain(|&(i, lp, lo), _| !(i == inst && lp == p && lo >= from));
+        self.stats.truncations_reported += 1;
         Ok(())
     }
 }

@@ -1,57 +1,71 @@
-//! Incarnations (C4: one alive at a time, each with the next durable epoch), ownership of
-//! lanes, and operator seeks: every event after which the mesh may legitimately forget what
-//! it did in memory, so each bumps the generation of the lanes it touches (see
-//! "Generations" in the documentation of [`super`]).
+//! Instances and their incarnations (C4: one alive per instance at a time, each with the
+//! next durable epoch of that instance), ownership of lanes as the group coordinator hands
+//! it out (assignment, expiry of an instance, revocation), operator seeks, and fetch
+//! answers: every event after which a mesh may legitimately forget what it did in memory
+//! bumps the generation of the lanes it touches (see "Generations" in the documentation of
+//! [`super`]).
 
 use unimesh_core::{Epoch, GroupName, Millis, Offset, Partition};
 
-use super::state::{bit, LaneState, Rec};
+use super::state::{bit, LaneState, Owner, Rec};
 use super::{fail, Check, Checker, Clause};
 
 impl Checker {
-    /// A mesh incarnation starts with `epoch`.
+    /// A mesh incarnation of the selected instance starts with `epoch`.
     pub fn started(&mut self, now: Millis, epoch: Epoch) -> Check {
         self.tick(now);
-        if self.alive {
+        self.incarnations += 1;
+        let incarnation = self.incarnations;
+        let n = self.node();
+        if n.alive {
             return fail(
                 Clause::C4,
                 "a second incarnation started while one is alive".into(),
             );
         }
-        if epoch != self.durable_epoch.wrapping_add(1) {
+        if epoch != n.durable_epoch.wrapping_add(1) {
             return fail(
                 Clause::C4,
                 format!(
                     "incarnation uses epoch {epoch} but the durable epoch is {}",
-                    self.durable_epoch
+                    n.durable_epoch
                 ),
             );
         }
-        self.alive = true;
-        self.epoch = epoch;
-        self.incarnation += 1;
+        n.alive = true;
+        n.epoch = epoch;
+        n.incarnation = incarnation;
         Ok(())
     }
 
-    /// The mesh died: whatever it held in memory is gone.
+    /// The selected instance's mesh died: whatever it held in memory is gone.
     pub fn crashed(&mut self, now: Millis) {
         self.tick(now);
-        self.alive = false;
-        self.emitted.clear();
+        let inst = self.current;
+        let n = self.node();
+        n.alive = false;
+        let incarnation = n.incarnation;
+        self.emitted.retain(|&(i, _), _| i != incarnation);
         for g in self.groups.values_mut() {
-            g.credit.clear();
-            g.inflight.clear();
-            g.replay.clear();
+            g.credit.retain(|(i, _), _| *i != inst);
+            g.inflight.retain(|(i, _, _), _| *i != inst);
+            g.replay.retain(|(i, _, _, _), _| *i != inst);
             for lane in g.lanes.values_mut() {
-                lane.gen += 1;
+                if !lane.owners.contains_key(&inst) {
+                    continue;
+                }
+                let gen = lane.next_gen();
                 lane.resets += 1;
-                lane.drop_gen += 1;
-                lane.seek_pending = false;
-                lane.void_pending_broker_acks();
-                lane.revoked_below = 0;
-                lane.max_lease = 0;
-                lane.assigned = false;
-                lane.key_last.clear();
+                lane.void_pending_broker_acks(inst);
+                let o = lane.owner(inst);
+                *o = Owner {
+                    gen,
+                    seek_gen: o.seek_gen,
+                    drop_gen: o.drop_gen + 1,
+                    stamp: o.stamp,
+                    knows: o.knows,
+                    ..Owner::default()
+                };
             }
         }
     }
@@ -61,49 +75,94 @@ impl Checker {
         Some(self.groups.get_mut(group)?.lanes.entry(p).or_default())
     }
 
-    /// The group owns the partition now (the mesh accepted the assignment).
+    /// The group coordinator gave the lane to the selected instance and its mesh accepted
+    /// it. Another instance that still holds the lane is a zombie for it from now on.
     pub fn assigned(&mut self, group: &GroupName, p: Partition) {
-        if let Some(lane) = self.lane_mut(group, p) {
-            lane.assigned = true;
+        let inst = self.current;
+        let knows = self.truncations_of(group, p);
+        let Some(lane) = self.lane_mut(group, p) else {
+            return;
+        };
+        lane.owner_stamp += 1;
+        let stamp = lane.owner_stamp;
+        if lane.owners.iter().any(|(&i, o)| i != inst && o.assigned) {
+            // The zombie's records may be handed out again by the new owner.
+            lane.resets += 1;
+        }
+        let o = lane.owner(inst);
+        o.assigned = true;
+        o.stamp = stamp;
+        o.knows = knows;
+        o.delivered_end = 0;
+        o.must_report = None;
+        o.applied_wm = None;
+    }
+
+    /// The group coordinator no longer counts the selected instance as a member (its
+    /// session expired) although its mesh keeps running: every lane it holds is fenced from
+    /// now on, and may be handed to another instance.
+    pub fn expired(&mut self, now: Millis) {
+        self.tick(now);
+        let inst = self.current;
+        for g in self.groups.values_mut() {
+            for lane in g.lanes.values_mut() {
+                if lane.owners.get(&inst).is_some_and(|o| o.assigned) {
+                    lane.owner_stamp += 1;
+                    lane.resets += 1;
+                }
+            }
         }
     }
 
-    /// The group lost the partition: its deliveries end and may be handed out again later.
+    /// The selected instance's group lost the partition: its deliveries end and may be
+    /// handed out again later.
     pub fn revoked(&mut self, now: Millis, group: &GroupName, p: Partition) {
         self.tick(now);
+        let inst = self.current;
         let Some(g) = self.groups.get_mut(group) else {
             return;
         };
-        g.inflight.retain(|&(lp, _), _| lp != p);
+        g.inflight.retain(|&(i, lp, _), _| !(i == inst && lp == p));
         let lane = g.lanes.entry(p).or_default();
-        lane.gen += 1;
+        let gen = lane.next_gen();
         lane.resets += 1;
-        lane.drop_gen += 1;
-        lane.revoked_below = lane.max_lease + 1;
-        lane.assigned = false;
-        lane.void_pending_broker_acks();
+        lane.void_pending_broker_acks(inst);
+        let o = lane.owner(inst);
+        o.gen = gen;
+        o.drop_gen += 1;
+        o.revoked_below = o.max_lease + 1;
+        o.assigned = false;
         // A seek whose lane is dropped before its checkpoint was written is lost with it:
         // the next owner starts from the store (a checkpoint written after the seek, if one
         // is still on its way, clears this anyway when it lands).
-        lane.seek_pending = false;
-        lane.key_last.clear();
+        o.seek_pending = false;
+        o.key_last.clear();
+        o.must_report = None;
+        o.delivered_end = 0;
     }
 
-    /// An operator moved the lane to `offset`: below it is skipped, from it on redelivered.
+    /// An operator moved the selected instance's lane to `offset`: below it is skipped,
+    /// from it on redelivered.
     pub fn sought(&mut self, now: Millis, group: &GroupName, p: Partition, offset: Offset) {
         self.tick(now);
+        let inst = self.current;
         let Some(g) = self.groups.get_mut(group) else {
             return;
         };
-        g.inflight.retain(|&(lp, _), _| lp != p);
+        g.inflight.retain(|&(i, lp, _), _| !(i == inst && lp == p));
         let lane = g.lanes.entry(p).or_default();
-        lane.gen += 1;
-        lane.seek_gen = lane.gen;
-        lane.seek_gens.insert(lane.gen);
-        lane.seek_pending = true;
-        lane.revoked_below = lane.max_lease + 1;
-        lane.key_last.clear();
-        let b = bit(lane.gen);
+        let gen = lane.next_gen();
+        lane.seek_gens.insert(gen);
+        lane.rewinds += 1;
+        let o = lane.owner(inst);
+        o.gen = gen;
+        o.seek_gen = gen;
+        o.seek_pending = true;
+        o.revoked_below = o.max_lease + 1;
+        o.key_last.clear();
+        o.must_report = None;
+        o.delivered_end = 0;
+        let b = bit(gen);
         if (lane.recs.len() as Offset) < offset {
             lane.recs.resize_with(offset as usize, Rec::default);
         }
@@ -118,5 +177,35 @@ impl Checker {
                 r.done_in = None;
             }
         }
+    }
+
+    /// The mesh of the selected instance took a fetch answer of the lane (records, or out
+    /// of range) and its effects were reported: the lane now knows every loss of the
+    /// broker's tail so far. C1: a loss of records it had delivered was reported first.
+    pub fn fetch_answered(&mut self, group: &GroupName, p: Partition) -> Check {
+        let inst = self.current;
+        let knows = self.truncations_of(group, p);
+        let Some(lane) = self.lane_mut(group, p) else {
+            return Ok(());
+        };
+        let o = lane.owner(inst);
+        if let Some(x) = o.must_report.take() {
+            return fail(
+                Clause::C1,
+                format!(
+                    "{group}/{p}: the broker lost its records from {x}, which the lane had delivered, and the lane fetched again without reporting the loss"
+                ),
+            );
+        }
+        o.knows = knows;
+        Ok(())
+    }
+
+    /// How many times the broker lost the tail of the group's partition so far.
+    pub(super) fn truncations_of(&self, group: &GroupName, p: Partition) -> usize {
+        self.groups
+            .get(group)
+            .and_then(|g| self.logs.get(&(g.topic.clone(), p)))
+            .map_or(0, |l| l.truncations.len())
     }
 }

@@ -12,9 +12,12 @@
 //!
 //! # Layout
 //! One file per clause family, each an `impl Checker` block over the mirror in `state`:
-//! - `state`: the mirror (logs, groups, lanes, records, deliveries, emitted persists);
-//! - `world`: groups, the broker's log (C9), retention;
-//! - `generations`: incarnations (C4), assignment, revocation, seeks;
+//! - `state`: the mirror (logs, groups, lanes and their owners, records, deliveries,
+//!   emitted persists, instances);
+//! - `world`: groups, the broker's log (C9), holes, compaction, retention, truncation;
+//! - `filter`: the checker's own reading of a subscription filter;
+//! - `generations`: instances and incarnations (C4), assignment, expiry, revocation, seeks,
+//!   fetch answers;
 //! - `delivery`: deliveries and client credit (C1, C2, C4, C5, C7, C8);
 //! - `settle`: answers to ACK, NACK and extend (C4);
 //! - `persist`: persists emitted, applied, notified, failed (C1, C3, C4, C5);
@@ -41,7 +44,7 @@
 //!
 //! Incarnations and ownership:
 //! - [`Checker::started`]: once the mesh recovered, with the epoch it uses, before its first
-//!   effect (the persist of that epoch); at most one incarnation is alive at a time.
+//!   effect (the persist of that epoch); at most one incarnation per instance is alive.
 //! - [`Checker::crashed`]: when the process dies. A batch the store made durable without
 //!   the mesh hearing of it goes to [`Checker::persist_applied`] *before* this call.
 //! - [`Checker::assigned`]: when the mesh accepted a partition (at start and on
@@ -69,11 +72,14 @@
 //!   (`REPLAY_PARTITION`).
 //! - [`Checker::skipped`]: every `Skipped`.
 //!
-//! The store, keyed by ticket within the live incarnation:
+//! The store, keyed by ticket within the live incarnation (a store may answer late, out of
+//! order or twice: the hooks follow what the store *did*, in ticket order; a repeated
+//! answer is not reported again):
 //! - [`Checker::persist_applied`]: when a batch is durable (also when the process dies
 //!   before hearing so), then [`Checker::persist_notified`] right before the mesh is told
 //!   `Persisted` — not at all if it never is;
-//! - [`Checker::persist_failed`]: when the store refused a batch, before the mesh is told.
+//! - [`Checker::persist_failed`]: when the store refused a batch (also when it fenced a
+//!   zombie's), before the mesh is told.
 //!
 //! At the end: [`Checker::converged`] says whether the durable state is complete (a harness
 //! also asks the mesh that its lanes are idle), then [`Checker::check_quiescent`] once,
@@ -83,28 +89,50 @@
 //! A harness of the real shell that cannot see `Persist` batches directly can feed the
 //! same hooks from a storage port that reports what it wrote.
 //!
-//! # Scope: one mesh at a time
-//! The checker follows one line of incarnations over one broker: one alive at a time, each
-//! with the next durable epoch, persists keyed by (incarnation, ticket). Several instances
-//! sharing a broker (issue 9) need those per instance; the record-level mirror (`state`)
-//! is already per group and lane, not per instance.
+//! # Several instances (a cluster sharing one broker and one progress store)
+//! Every hook about a process — its incarnations, the lanes it owns, its clients, its
+//! deliveries, answers and persists — applies to the instance last selected with
+//! [`Checker::instance`] (instance 0 until one is selected; a harness of one mesh never
+//! calls it). Each instance has its own line of incarnations and epochs (its own local
+//! store), its own clock and leases; persists are keyed by (incarnation, ticket), and
+//! incarnations are numbered over the whole run. What is durable is the cluster's: one
+//! durable checkpoint per (group, partition) (the progress store), one DLQ ledger, and what
+//! was done to each record, so C1 and C2 hold for the cluster as a whole, whichever
+//! instance delivered or ACKed a record.
 //!
-//! # Generations
-//! Each (group, partition) lane has a *generation*, bumped by a seek, a revocation and a
-//! crash: every event after which the mesh may legitimately forget what was done in memory.
-//! An ACK counts for the generation it was given in; a checkpoint is tagged with the
-//! generation in which it was emitted; a checkpoint may mark an offset done only if the
-//! offset was ACKed (or dead-lettered, filtered, skipped by retention, or passed over by an
-//! operator seek) in that generation. This is how "nothing is committed past an un-ACKed
-//! record" is checked without trusting the mesh's own bookkeeping.
-
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+//! Ownership follows the group coordinator: [`Checker::assigned`] gives a lane to the
+//! selected instance; if another instance still holds it (it was never told), that one is
+//! a *zombie* for the lane from then on, as is every lane of an instance the coordinator
+//! expired ([`Checker::expired`]). A zombie may keep delivering and accepting ACKs (its
+//! records are allowed duplicates; C2 and C5's per-record sequences are not held against
+//! it), but nothing it writes may become durable (its persists and commits must be fenced:
+//! one applied is a C3 violation) until it is told `PartitionsRevoked` ([`Checker::revoked`]).
+//!
+//! # The world of a Kafka-protocol broker
+//! - [`Checker::holes`]: offsets the broker will never show a consumer (transaction
+//!   markers, aborted transactions); the log continues after them (C9 holds across them).
+//! - [`Checker::compacted`]: compaction removed the record at an offset.
+//!   A lane may mark a hole or a compacted offset done by absence — only one the broker
+//!   no longer showed when the checkpoint was emitted — and never needs to deliver it.
+//! - [`Checker::truncated`]: the broker lost its tail (an unclean leader election); later
+//!   records reuse the offsets. The durable checkpoints are clipped there (what a reader
+//!   honouring leader epochs sees), ACKs of lost records justify nothing, and a lane that
+//!   had delivered a lost record must report the loss (`Skipped{BrokerTruncated}`) before
+//!   its next fetch answer is through: [`Checker::fetch_answered`], after the effects of
+//!   every fetch answer the mesh took (records or out of range), says the lane now knows
+//!   every truncation so far. A checkpoint is clipped at every truncation the lane that
+//!   emitted it did not know of.
+//! - Filters are judged by the checker's own model (`filter`), never by the core's.
+//!
+//! use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use unimesh_core::{DeliveryId, DlqKey, Epoch, GroupName, Millis, Partition, Ticket, TopicName};
+use unimesh_core::{DeliveryId, DlqKey, GroupName, Millis, Partition, Ticket, TopicName};
 
 mod broker;
 mod delivery;
+mod filter;
 mod generations;
 mod persist;
 mod quiescence;
@@ -112,7 +140,12 @@ mod settle;
 mod state;
 mod world;
 
-use state::{Emitted, GroupState, Issued, Log};
+use state::{Emitted, GroupState, Issued, Log, Node};
+
+pub use filter::admits;
+
+/// One mesh instance of a cluster (see "Several instances" above).
+pub type Instance = u32;
 
 /// The clause of the contract a violation breaks. `Core` is the mesh's own invariant check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -180,22 +213,36 @@ pub struct CheckerStats {
     pub persists_applied: u64,
     pub dead_letters: u64,
     pub skipped_offsets: u64,
+    /// Deliveries by an instance whose lane had moved without it knowing (allowed
+    /// duplicates).
+    pub zombie_deliveries: u64,
+    /// Deliveries of records the broker had lost (from a lane that did not know yet).
+    pub lost_deliveries: u64,
+    /// Losses of the broker's tail a lane reported (`Skipped{BrokerTruncated}`).
+    pub truncations_reported: u64,
+    /// Offsets made durably done because the broker does not show them (holes, compaction).
+    pub done_by_absence: u64,
 }
 
 /// The contract checker. See the module documentation.
 #[derive(Debug)]
 pub struct Checker {
-    now: Millis,
-    alive: bool,
-    epoch: Epoch,
-    incarnation: u32,
-    durable_epoch: Epoch,
+    /// The instance the process hooks apply to (see [`Checker::instance`]).
+    current: Instance,
+    nodes: BTreeMap<Instance, Node>,
+    /// Incarnations started so far, over every instance.
+    incarnations: u32,
     max_ack_timeout_ms: Millis,
     logs: BTreeMap<(TopicName, Partition), Log>,
     groups: BTreeMap<GroupName, GroupState>,
-    issued: HashMap<DeliveryId, Issued>,
-    dlq: BTreeSet<DlqKey>,
+    issued: HashMap<(Instance, DeliveryId), Issued>,
+    /// The DLQ ledger: each entry with the serial of the record it holds.
+    dlq: BTreeMap<DlqKey, u64>,
     emitted: BTreeMap<(u32, Ticket), Emitted>,
+    /// Counts changes of what the broker shows (holes, compaction), for judging gaps.
+    world_seq: u64,
+    /// Serials handed to published records.
+    serials: u64,
     /// Figures gathered so far.
     pub stats: CheckerStats,
 }
@@ -210,23 +257,38 @@ impl Checker {
     /// `max_ack_timeout_ms` is the mesh's limit on extensions (to know their deadlines).
     pub fn new(max_ack_timeout_ms: Millis) -> Self {
         Self {
-            now: 0,
-            alive: false,
-            epoch: 0,
-            incarnation: 0,
-            durable_epoch: 0,
+            current: 0,
+            nodes: BTreeMap::new(),
+            incarnations: 0,
             max_ack_timeout_ms,
             logs: BTreeMap::new(),
             groups: BTreeMap::new(),
             issued: HashMap::new(),
-            dlq: BTreeSet::new(),
+            dlq: BTreeMap::new(),
             emitted: BTreeMap::new(),
+            world_seq: 0,
+            serials: 0,
             stats: CheckerStats::default(),
         }
     }
 
-    fn tick(&mut self, now: Millis) {
-        // The mesh treats a time below an earlier one as the earlier one; so do we.
-        self.now = self.now.max(now);
+    /// Selects the instance the process hooks apply to from now on (instance 0 until
+    /// called), and returns the checker for chaining: `checker.instance(1).delivered(..)`.
+    pub fn instance(&mut self, instance: Instance) -> &mut Self {
+        self.current = instance;
+        self
+    }
+
+    /// The selected instance's process.
+    fn node(&mut self) -> &mut Node {
+        self.nodes.entry(self.current).or_default()
+    }
+
+    /// The selected instance's time: a `now` below an earlier one counts as the earlier
+    /// one (the mesh treats it so).
+    fn tick(&mut self, now: Millis) -> Millis {
+        let n = self.node();
+        n.now = n.now.max(now);
+        n.now
     }
 }

@@ -1,65 +1,115 @@
 //! Durability: persists as the mesh emits them and as the store applies them. C1 (a
 //! checkpoint marks done only what was ACKed, dead-lettered, filtered out, skipped by
-//! retention or passed over by a seek, in the generation it was emitted in), C3 (the
-//! durable watermark goes back only by a seek), C4 (the epoch written is the live one) and
-//! C5 (a dead letter only after its last attempt). What a persist made durably done becomes
-//! a promise of broker ACKs (C6) once the mesh is told.
+//! retention, passed over by a seek, or is absent from the broker — in the generation it
+//! was emitted in), C3 (the durable watermark goes back only by a seek or a loss of the
+//! broker's tail; nothing a fenced owner wrote becomes durable), C4 (the epoch written is
+//! the live one) and C5 (a dead letter only after its last attempt). What a persist made
+//! durably done becomes a promise of broker ACKs (C6) once the mesh is told.
 
 use unimesh_core::{DlqKey, LaneCheckpoint, Offset, PersistBatch, Progress, RecordMeta, Ticket};
 
-use super::state::{bit, newly_done, Emitted, EmittedLane, LaneState, NewlyDone};
+use super::state::{bit, clip, newly_done, Emitted, EmittedLane, LaneState, NewlyDone, SlotState};
+use super::world::passes;
 use super::{fail, Check, Checker, Clause, Violation};
 
 impl Checker {
-    /// The mesh asked for `batch` to be persisted (before the store applies it).
+    /// The selected instance's mesh asked for `batch` to be persisted (before the store
+    /// applies it).
     pub fn persist_emitted(&mut self, ticket: Ticket, batch: &PersistBatch) -> Check {
+        let inst = self.current;
+        let (epoch, incarnation) = {
+            let n = self.node();
+            (n.epoch, n.incarnation)
+        };
         if let Some(e) = batch.epoch {
-            if e != self.epoch {
+            if e != epoch {
                 return fail(
                     Clause::C4,
-                    format!(
-                        "persist {ticket} writes epoch {e}, incarnation has {}",
-                        self.epoch
-                    ),
+                    format!("persist {ticket} writes epoch {e}, incarnation has {epoch}"),
                 );
             }
         }
         let mut lanes = Vec::with_capacity(batch.checkpoints.len());
         for c in &batch.checkpoints {
-            if let Some(lane) = self.lane_mut(&c.group, c.partition) {
-                lanes.push((c.group.clone(), c.partition, lane.gen, lane.drop_gen));
-            }
+            // Every checkpoint gets its entry, known group or not, so `persist_applied`
+            // pairs them in batch order.
+            lanes.push(self.lane_mut(&c.group, c.partition).map(|lane| {
+                let stamp = lane.owner_stamp;
+                let o = lane.owner(inst);
+                EmittedLane {
+                    group: c.group.clone(),
+                    partition: c.partition,
+                    gen: o.gen,
+                    drop_gen: o.drop_gen,
+                    stamp: o.stamp.min(stamp),
+                    knows: o.knows,
+                }
+            }));
         }
         self.emitted.insert(
-            (self.incarnation, ticket),
+            (incarnation, ticket),
             Emitted {
+                instance: inst,
                 lanes,
+                world_seq: self.world_seq,
                 newly_done: Vec::new(),
             },
         );
         Ok(())
     }
 
-    /// The store made `batch` durable (whether or not the mesh hears of it).
+    /// The store made `batch` of the selected instance durable (whether or not the mesh
+    /// hears of it).
     pub fn persist_applied(&mut self, ticket: Ticket, batch: &PersistBatch) -> Check {
         self.stats.persists_applied += 1;
-        let key = (self.incarnation, ticket);
+        let incarnation = self.node().incarnation;
+        let key = (incarnation, ticket);
         let Some(mut em) = self.emitted.remove(&key) else {
             return fail(
                 Clause::C3,
                 format!("persist {ticket} applied but never emitted by this incarnation"),
             );
         };
+        self.check_not_fenced(ticket, batch, &em)?;
         self.apply_dead_letter_changes(batch)?;
         for (c, lane) in batch.checkpoints.iter().zip(em.lanes.iter()) {
-            if let Some(fresh) = self.apply_checkpoint(c, lane)? {
+            let Some(lane) = lane else {
+                continue;
+            };
+            if let Some(fresh) = self.apply_checkpoint(c, lane, em.instance, em.world_seq)? {
                 em.newly_done.push(fresh);
             }
         }
         if let Some(e) = batch.epoch {
-            self.durable_epoch = self.durable_epoch.max(e);
+            let n = self.node();
+            n.durable_epoch = n.durable_epoch.max(e);
         }
         self.emitted.insert(key, em);
+        Ok(())
+    }
+
+    /// C3: a checkpoint of an owner the coordinator has since replaced or expired (a
+    /// zombie) must be fenced by the store, never applied.
+    fn check_not_fenced(&self, ticket: Ticket, batch: &PersistBatch, em: &Emitted) -> Check {
+        for (c, lane) in batch.checkpoints.iter().zip(em.lanes.iter()) {
+            let Some(el) = lane else {
+                continue;
+            };
+            let stamp = self
+                .groups
+                .get(&c.group)
+                .and_then(|g| g.lanes.get(&c.partition))
+                .map_or(0, |l| l.owner_stamp);
+            if el.stamp < stamp {
+                return fail(
+                    Clause::C3,
+                    format!(
+                        "persist {ticket} of instance {} made a checkpoint of {}/{} durable after the lane was given to another owner (a zombie's write must be fenced)",
+                        em.instance, c.group, c.partition
+                    ),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -69,12 +119,25 @@ impl Checker {
     fn apply_dead_letter_changes(&mut self, batch: &PersistBatch) -> Check {
         for name in &batch.removed_groups {
             self.groups.remove(name);
-            self.dlq.retain(|k| k.group != *name);
+            self.dlq.retain(|k, _| k.group != *name);
         }
         for d in &batch.dead_letters {
             self.stats.dead_letters += 1;
             let Some(g) = self.groups.get(&d.key.group) else {
                 continue;
+            };
+            let identified = self
+                .logs
+                .get(&(g.topic.clone(), d.key.partition))
+                .and_then(|l| l.identify(d.key.offset, &d.record.meta));
+            let Some((serial, lost_in)) = identified else {
+                return fail(
+                    Clause::C1,
+                    format!(
+                        "dead letter {:?} holds a record the broker never had there",
+                        d.key
+                    ),
+                );
             };
             let max_attempts = g.max_attempts;
             let undecodable = matches!(d.record.meta, RecordMeta::Undecodable(_));
@@ -89,7 +152,12 @@ impl Checker {
                 .get(d.key.offset as usize)
                 .cloned()
                 .unwrap_or_default();
-            if !undecodable && r.max_attempt_any < max_attempts && r.ledger_max < max_attempts {
+            // A record the broker lost since: what was known of its attempts went with it.
+            if lost_in.is_none()
+                && !undecodable
+                && r.max_attempt_any < max_attempts
+                && r.ledger_max < max_attempts
+            {
                 return fail(
                     Clause::C5,
                     format!(
@@ -98,7 +166,7 @@ impl Checker {
                     ),
                 );
             }
-            self.dlq.insert(d.key.clone());
+            self.dlq.insert(d.key.clone(), serial);
         }
         for k in &batch.dlq_resolved {
             self.dlq.remove(k);
@@ -107,100 +175,130 @@ impl Checker {
     }
 
     /// One checkpoint of an applied batch with what [`Checker::persist_emitted`] noted of
-    /// it (the group and partition named in messages, the lane's generation and drop
-    /// generation at emission): judged (C3, C1), then made the lane's durable state. The
-    /// offsets it newly made done, if broker ACKs may still follow from them.
+    /// it, written by `inst`: clipped at every truncation its lane did not know of, judged
+    /// (C3, C1), then made the lane's durable state. The offsets it newly made done, if
+    /// broker ACKs may still follow from them.
     fn apply_checkpoint(
         &mut self,
         c: &LaneCheckpoint,
-        emitted: &EmittedLane,
+        el: &EmittedLane,
+        inst: super::Instance,
+        world_seq: u64,
     ) -> Result<Option<NewlyDone>, Violation> {
-        let (gname, p, gen, drop_gen) = emitted;
-        let (gen, drop_gen) = (*gen, *drop_gen);
+        let (gen, drop_gen) = (el.gen, el.drop_gen);
         let Some(g) = self.groups.get(&c.group) else {
             return Ok(None);
         };
         let start = g.start.get(&c.partition).copied().unwrap_or(0);
         let log = self.logs.get(&(g.topic.clone(), c.partition));
         let log_len = log.map_or(0, |l| l.recs.len() as Offset);
+        let mut written = c.checkpoint.clone();
+        if let Some(l) = log {
+            for t in l.truncations.iter().skip(el.knows) {
+                clip(&mut written, t.new_end);
+            }
+        }
         let dlq = &self.dlq;
         let Some(g) = self.groups.get_mut(&c.group) else {
             return Ok(None);
         };
+        let mut absent_done = 0u64;
         let (filter, lanes) = (&g.filter, &mut g.lanes);
-        let filtered_out = |o: Offset| {
-            log.and_then(|l| l.recs.get(o as usize))
-                .is_some_and(|r| match &r.meta {
-                    RecordMeta::Event(m) => !filter.matches(m),
-                    RecordMeta::Undecodable(_) => false,
-                })
-        };
         let lane = lanes.entry(c.partition).or_default();
         let old = lane
             .durable
             .as_ref()
             .map(|d| d.progress.clone())
             .unwrap_or_else(|| Progress::new(start));
-        let fresh = newly_done(&old, &c.checkpoint.progress);
+        let fresh = newly_done(&old, &written.progress);
         let rewound_ok = gen > lane.applied_gen
             && lane
                 .seek_gens
                 .range(lane.applied_gen + 1..=gen)
                 .next()
                 .is_some();
-        // C3: the durable watermark never goes back except by an operator seek.
-        if c.checkpoint.progress.watermark() < old.watermark() && !rewound_ok {
+        // C3: the durable watermark never goes back except by an operator seek (a loss of
+        // the broker's tail already moved the durable one back, when it happened).
+        if written.progress.watermark() < old.watermark() && !rewound_ok {
             return Err(Violation {
                 clause: Clause::C3,
                 message: format!(
-                    "{gname}/{p}: durable watermark went back {} -> {}",
+                    "{}/{}: durable watermark went back {} -> {}",
+                    el.group,
+                    el.partition,
                     old.watermark(),
-                    c.checkpoint.progress.watermark()
+                    written.progress.watermark()
                 ),
             });
         }
         // C1: every newly durable done offset was ACKed, dead-lettered, filtered out,
-        // skipped by retention (reported) or passed over by a seek — in that generation.
-        let dead_lettered = |o: Offset| {
-            dlq.contains(&DlqKey {
+        // skipped by retention (reported), passed over by a seek — in that generation — or
+        // is not shown by the broker since before the checkpoint was written.
+        let mut justified = |o: Offset| {
+            let Some(r) = log.and_then(|l| l.recs.get(o as usize)) else {
+                return false;
+            };
+            if r.absent_since().is_some_and(|at| at <= world_seq) {
+                absent_done += 1;
+                return true;
+            }
+            let dead_lettered = dlq.get(&DlqKey {
                 group: c.group.clone(),
                 partition: c.partition,
                 offset: o,
-            })
+            }) == Some(&r.serial);
+            let filtered_out = r
+                .meta
+                .as_ref()
+                .is_some_and(|m| !matches!(m, RecordMeta::Undecodable(_)) && !passes(filter, m));
+            dead_lettered || filtered_out
         };
-        let justified = |o: Offset| dead_lettered(o) || filtered_out(o);
-        match lane.first_unjustified(&fresh, gen, start, log_len, justified) {
+        let verdict = lane.first_unjustified(&fresh, gen, start, log_len, &mut justified);
+        match verdict {
             None => {}
             Some(Unjustified::PastLogEnd(e)) => fail(
                 Clause::C1,
-                format!("{gname}/{p}: offsets up to {e} marked done but the log ends at {log_len}"),
+                format!(
+                    "{}/{}: offsets up to {e} marked done but the log ends at {log_len}",
+                    el.group, el.partition
+                ),
             )?,
             Some(Unjustified::NeverAcked(o)) => fail(
                 Clause::C1,
                 format!(
-                    "{gname}/{p}: offset {o} made durable as done (watermark {}, generation {gen}) but never ACKed or dead-lettered",
-                    c.checkpoint.progress.watermark()
+                    "{}/{}: offset {o} made durable as done (watermark {}, generation {gen}, instance {inst}) but never ACKed or dead-lettered",
+                    el.group,
+                    el.partition,
+                    written.progress.watermark()
                 ),
             )?,
         }
-        for &(o, n) in &c.checkpoint.attempts {
+        self.stats.done_by_absence += absent_done;
+        for &(o, n) in &written.attempts {
             let r = lane.rec(o);
             r.ledger_max = r.ledger_max.max(n);
         }
-        if gen >= lane.seek_gen {
-            lane.seek_pending = false;
+        let wm = c.checkpoint.progress.watermark();
+        let o = lane.owner(inst);
+        if gen >= o.seek_gen {
+            o.seek_pending = false;
         }
+        o.applied_wm = Some(o.applied_wm.map_or(wm, |a| a.max(wm)));
+        let owner_drop_gen = o.drop_gen;
         lane.applied_gen = lane.applied_gen.max(gen);
-        lane.durable = Some(c.checkpoint.clone());
-        Ok((drop_gen == lane.drop_gen).then(|| (c.group.clone(), c.partition, drop_gen, fresh)))
+        lane.durable = Some(written);
+        Ok((drop_gen == owner_drop_gen)
+            .then(|| (c.group.clone(), c.partition, inst, drop_gen, fresh)))
     }
 
-    /// The mesh was told `Persisted{ticket}`: the broker ACKs it promised are now due (C6).
+    /// The selected instance's mesh was told `Persisted{ticket}`: the broker ACKs it
+    /// promised are now due (C6). A repeated answer finds nothing left to do.
     pub fn persist_notified(&mut self, ticket: Ticket) {
-        let Some(em) = self.emitted.remove(&(self.incarnation, ticket)) else {
+        let incarnation = self.node().incarnation;
+        let Some(em) = self.emitted.remove(&(incarnation, ticket)) else {
             return;
         };
-        for (gname, p, drop_gen, fresh) in em.newly_done {
+        for (gname, p, inst, drop_gen, fresh) in em.newly_done {
             let Some(g) = self.groups.get_mut(&gname) else {
                 continue;
             };
@@ -210,16 +308,20 @@ impl Checker {
             let Some(lane) = g.lanes.get_mut(&p) else {
                 continue;
             };
-            if lane.drop_gen != drop_gen {
+            if lane.owners.get(&inst).map(|o| o.drop_gen) != Some(drop_gen) {
                 continue;
             }
             for (a, e) in fresh {
                 for o in a..e {
-                    let handle = log.recs.get(o as usize).is_some_and(|r| r.handle);
+                    // Only a record the broker still shows can be ACKed to it.
+                    let handle = log
+                        .recs
+                        .get(o as usize)
+                        .is_some_and(|r| r.handle && r.state == SlotState::Record);
                     if handle && !lane.is_skipped(o) {
                         let r = lane.rec(o);
                         if r.op_mask == 0 {
-                            r.broker_ack_due = true;
+                            r.broker_ack_due = Some(inst);
                         }
                     }
                 }
@@ -227,9 +329,11 @@ impl Checker {
         }
     }
 
-    /// The store refused `ticket`: nothing in it counts.
+    /// The store refused `ticket` of the selected instance (or fenced it): nothing in it
+    /// counts.
     pub fn persist_failed(&mut self, ticket: Ticket) {
-        self.emitted.remove(&(self.incarnation, ticket));
+        let incarnation = self.node().incarnation;
+        self.emitted.remove(&(incarnation, ticket));
     }
 }
 
@@ -244,14 +348,15 @@ enum Unjustified {
 impl LaneState {
     /// The first of the offsets in `fresh` (from `start` on) that was neither ACKed nor
     /// passed over by a seek in generation `gen`, not `justified` otherwise (dead-lettered,
-    /// filtered out) and not skipped by retention; or the first interval past `log_len`.
+    /// filtered out, absent) and not skipped by retention; or the first interval past
+    /// `log_len`.
     fn first_unjustified(
         &mut self,
         fresh: &[(Offset, Offset)],
         gen: u32,
         start: Offset,
         log_len: Offset,
-        justified: impl Fn(Offset) -> bool,
+        justified: &mut impl FnMut(Offset) -> bool,
     ) -> Option<Unjustified> {
         let b = bit(gen);
         for &(a, e) in fresh {
@@ -264,7 +369,7 @@ impl LaneState {
                 }
                 let r = self.rec(o);
                 let acked = r.acked_mask & b != 0 || r.op_mask & b != 0;
-                if !acked && !justified(o) && !self.is_skipped(o) {
+                if !acked && !self.is_skipped(o) && !justified(o) {
                     return Some(Unjustified::NeverAcked(o));
                 }
             }

@@ -1,9 +1,11 @@
-//! Liveness once faults stopped (C1: every matching record ACKed, dead-lettered or skipped
-//! and the durable watermark at the log end; C6: every promised broker ACK sent; C2: the
-//! duplicate bound), and what the checker can tell a harness about the durable state.
+//! Liveness once faults stopped (C1: every matching record the broker still shows ACKed,
+//! dead-lettered or skipped, and the durable watermark at the log's target; C6: every
+//! promised broker ACK sent; C2: the duplicate bound), and what the checker can tell a
+//! harness about the durable state.
 
-use unimesh_core::{DlqKey, GroupName, Offset, Partition};
+use unimesh_core::{GroupName, Offset, Partition};
 
+use super::state::SlotState;
 use super::{fail, Check, Checker, Clause};
 
 impl Checker {
@@ -16,7 +18,7 @@ impl Checker {
                 }
                 let start = g.start.get(p).copied().unwrap_or(0);
                 let lane = g.lanes.get(p);
-                let end = log.recs.len() as Offset;
+                let end = log.target();
                 let wm = lane
                     .and_then(|l| l.durable.as_ref())
                     .map(|c| c.progress.watermark());
@@ -29,15 +31,15 @@ impl Checker {
                     );
                 }
                 for o in start..end {
+                    // Holes and compacted records need no delivery.
+                    if log.recs.get(o as usize).map(|r| r.state) != Some(SlotState::Record) {
+                        continue;
+                    }
                     if self.matches(g, *p, o) != Some(true) {
                         continue;
                     }
                     let r = lane.and_then(|l| l.recs.get(o as usize));
-                    let dlq = self.dlq.contains(&DlqKey {
-                        group: gname.clone(),
-                        partition: *p,
-                        offset: o,
-                    });
+                    let dlq = self.dead_lettered(gname, *p, o);
                     let skipped = lane.is_some_and(|l| l.is_skipped(o));
                     let acked = r.is_some_and(|r| r.acked_any || r.op_mask != 0);
                     if !(acked || dlq || skipped) {
@@ -47,7 +49,7 @@ impl Checker {
                         );
                     }
                     if let Some(r) = r {
-                        if r.broker_ack_due && !r.broker_acked {
+                        if r.broker_ack_due.is_some() && !r.broker_acked {
                             return fail(
                                 Clause::C6,
                                 format!("{gname}/{p}/{o}: durably done but never ACKed to the POP broker"),
@@ -68,11 +70,11 @@ impl Checker {
         Ok(())
     }
 
-    /// Whether every lane of every group is durably done up to the log end, with no seek
-    /// whose own checkpoint is not durable yet.
+    /// Whether every lane of every group is durably done up to its log's target, with no
+    /// seek whose own checkpoint is not durable yet.
     pub fn converged(&self) -> bool {
         self.groups.values().all(|g| {
-            if g.lanes.values().any(|l| l.seek_pending) {
+            if g.lanes.values().any(|l| l.seek_pending()) {
                 return false;
             }
             self.logs.iter().all(|((topic, p), log)| {
@@ -80,7 +82,7 @@ impl Checker {
                     return true;
                 }
                 let start = g.start.get(p).copied().unwrap_or(0);
-                let end = log.recs.len() as Offset;
+                let end = log.target();
                 start >= end
                     || g.lanes
                         .get(p)
@@ -88,6 +90,14 @@ impl Checker {
                         .is_some_and(|c| c.progress.watermark() == end)
             })
         })
+    }
+
+    /// Where a lane of `topic`'s partition is done once every record is: one past its last
+    /// record (holes after it are never seen), or the earliest offset retention left.
+    pub fn log_target(&self, topic: &unimesh_core::TopicName, p: Partition) -> Offset {
+        self.logs
+            .get(&(topic.clone(), p))
+            .map_or(0, super::state::Log::target)
     }
 
     /// Whether the lane has a durable checkpoint (its start position is pinned).

@@ -1,7 +1,8 @@
-//! Answers to ACK, NACK and extend (C4): a former epoch's id is stale, a revoked lane's id
-//! is revoked, a done record is done, the current unexpired delivery is never refused, and
-//! only it may be NACKed or extended. An accepted ACK is what later justifies a checkpoint
-//! marking the record done (C1, in [`super::persist`]).
+//! Answers to ACK, NACK and extend (C4), per instance: a former epoch's id is stale, a
+//! revoked lane's id is revoked, a done record is done, the current unexpired delivery is
+//! never refused, and only it may be NACKed or extended. An accepted ACK is what later
+//! justifies a checkpoint marking the record done (C1, in [`super::persist`]) — unless the
+//! broker lost the record since (the offset names another record now).
 
 use unimesh_core::{
     DeliveryId, Epoch, GroupName, Millis, Offset, Partition, RejectReason, Response, Settle,
@@ -9,10 +10,10 @@ use unimesh_core::{
 };
 
 use super::state::{bit, GroupState, Issued};
-use super::{fail, Check, Checker, Clause, SettleKind, Violation};
+use super::{fail, Check, Checker, Clause, Instance, SettleKind, Violation};
 
 impl Checker {
-    /// A client settled `ids`; `response` is the mesh's answer.
+    /// A client settled `ids` at the selected instance; `response` is the mesh's answer.
     pub fn settled(
         &mut self,
         now: Millis,
@@ -21,7 +22,7 @@ impl Checker {
         ids: &[DeliveryId],
         response: &Response,
     ) -> Check {
-        self.tick(now);
+        let _ = self.tick(now);
         let outcomes = match response {
             Response::Settled(v) if v.len() == ids.len() => v,
             Response::Refused(_) if !self.groups.contains_key(group) => return Ok(()),
@@ -45,25 +46,29 @@ impl Checker {
         id: &DeliveryId,
         outcome: Settle,
     ) -> Check {
-        let now = self.now;
-        let at = format!("{group} {kind:?} {id} -> {outcome:?}");
+        let inst = self.current;
+        let (now, epoch) = {
+            let n = self.node();
+            (n.now, n.epoch)
+        };
+        let at = format!("{group} {kind:?} {id} -> {outcome:?} (instance {inst})");
         if matches!(outcome, Settle::Rejected(_)) {
             self.stats.settles_rejected += 1;
         }
         let Some(issued) = self.issued_for_settle(&at, group, id, outcome)? else {
             return Ok(());
         };
-        let epoch = self.epoch;
         let max_ack_timeout_ms = self.max_ack_timeout_ms;
+        let serials = self.current_serials(group, &issued);
         let Some(g) = self.groups.get_mut(group) else {
             return Ok(());
         };
-        let slot = (id.partition, id.offset);
+        let slot = (inst, id.partition, id.offset);
         let current = g
             .inflight
             .get(&slot)
             .is_some_and(|h| h.id == *id && h.deadline > now);
-        if !g.check_settle_target(&at, id, outcome, epoch)? {
+        if !g.check_settle_target(&at, inst, id, outcome, epoch)? {
             return Ok(());
         }
         match (kind, outcome) {
@@ -72,7 +77,7 @@ impl Checker {
                 if !current {
                     self.stats.late_acks_accepted += 1;
                 }
-                g.ack_accepted(id, &issued, epoch);
+                g.ack_accepted(inst, id, &issued, epoch, serials);
             }
             (SettleKind::Nack(_), Settle::Accepted) | (SettleKind::Extend(_), Settle::Accepted) => {
                 if !current {
@@ -106,7 +111,12 @@ impl Checker {
         id: &DeliveryId,
         outcome: Settle,
     ) -> Result<Option<Issued>, Violation> {
-        if id.epoch < self.epoch {
+        let inst = self.current;
+        let (epoch, incarnation) = {
+            let n = self.node();
+            (n.epoch, n.incarnation)
+        };
+        if id.epoch < epoch {
             if outcome != Settle::Rejected(RejectReason::Stale) {
                 return Err(Violation {
                     clause: Clause::C4,
@@ -116,7 +126,7 @@ impl Checker {
             self.stats.stale_rejected += 1;
             return Ok(None);
         }
-        let issued = self.issued.get(id).cloned();
+        let issued = self.issued.get(&(inst, *id)).cloned();
         let Some(issued) = issued.filter(|i| i.group == *group) else {
             if outcome == Settle::Accepted {
                 return Err(Violation {
@@ -126,16 +136,25 @@ impl Checker {
             }
             return Ok(None);
         };
-        if issued.incarnation != self.incarnation {
+        if issued.incarnation != incarnation {
             return Err(Violation {
                 clause: Clause::C4,
                 message: format!(
-                    "{at}: id issued by incarnation {} answered by incarnation {} (must be stale)",
-                    issued.incarnation, self.incarnation
+                    "{at}: id issued by incarnation {} answered by incarnation {incarnation} (must be stale)",
+                    issued.incarnation
                 ),
             });
         }
         Ok(Some(issued))
+    }
+
+    /// Whether the record an id was issued for is still the broker's record at its
+    /// offset (then its ACK counts), and the same for its origin lane (a replayed record).
+    fn current_serials(&self, group: &GroupName, issued: &Issued) -> bool {
+        self.groups
+            .get(group)
+            .and_then(|g| self.logs.get(&(g.topic.clone(), issued.origin)))
+            .is_some_and(|l| l.serial_at(issued.offset) == Some(issued.serial))
     }
 }
 
@@ -146,6 +165,7 @@ impl GroupState {
     fn check_settle_target(
         &mut self,
         at: &str,
+        inst: Instance,
         id: &DeliveryId,
         outcome: Settle,
         epoch: Epoch,
@@ -154,7 +174,7 @@ impl GroupState {
         if id.partition == REPLAY_PARTITION {
             let s = self
                 .replay
-                .entry((id.epoch, id.lease, id.offset))
+                .entry((inst, id.epoch, id.lease, id.offset))
                 .or_default();
             if s.done && outcome == Settle::Accepted {
                 fail(Clause::C4, format!("{at}: replayed record settled twice"))?;
@@ -162,7 +182,7 @@ impl GroupState {
             return Ok(true);
         }
         let lane = self.lanes.entry(id.partition).or_default();
-        if id.lease < lane.revoked_below {
+        if id.lease < lane.owner(inst).revoked_below {
             if !rejected(RejectReason::Revoked) {
                 fail(
                     Clause::C4,
@@ -172,7 +192,7 @@ impl GroupState {
             return Ok(false);
         }
         let r = lane.rec(id.offset);
-        if r.done_in == Some((epoch, id.lease)) && !rejected(RejectReason::AlreadyDone) {
+        if r.done_in == Some((inst, epoch, id.lease)) && !rejected(RejectReason::AlreadyDone) {
             fail(
                 Clause::C4,
                 format!("{at}: record already ACKed, not refused as done"),
@@ -182,28 +202,41 @@ impl GroupState {
     }
 
     /// An accepted ACK: the delivery ends and the record counts as ACKed in the lane's
-    /// current generation. A replayed record's ACK counts for its origin lane too (a
+    /// current generation on this instance — if `current`, i.e. it is still the broker's
+    /// record at its offset. A replayed record's ACK counts for its origin lane too (a
     /// resolution may delete its DLQ entry in the same batch that marks a later
     /// dead-lettering done).
-    fn ack_accepted(&mut self, id: &DeliveryId, issued: &Issued, epoch: Epoch) {
-        self.inflight.remove(&(id.partition, id.offset));
+    fn ack_accepted(
+        &mut self,
+        inst: Instance,
+        id: &DeliveryId,
+        issued: &Issued,
+        epoch: Epoch,
+        current: bool,
+    ) {
+        self.inflight.remove(&(inst, id.partition, id.offset));
         if id.partition == REPLAY_PARTITION {
-            if let Some(s) = self.replay.get_mut(&(id.epoch, id.lease, id.offset)) {
+            if let Some(s) = self.replay.get_mut(&(inst, id.epoch, id.lease, id.offset)) {
                 s.done = true;
             }
+            if !current {
+                return;
+            }
             let lane = self.lanes.entry(issued.origin).or_default();
-            let gen = lane.gen;
+            let gen = lane.owners.get(&inst).map(|o| o.gen);
             let r = lane.rec(issued.offset);
             r.acked_any = true;
-            r.acked_mask |= bit(gen);
-        } else {
+            if let Some(gen) = gen {
+                r.acked_mask |= bit(gen);
+            }
+        } else if current {
             let lane = self.lanes.entry(id.partition).or_default();
-            let gen = lane.gen;
+            let gen = lane.owner(inst).gen;
             let r = lane.rec(id.offset);
             r.acked_mask |= bit(gen);
             r.acked_any = true;
             r.first_ack_gen.get_or_insert(gen);
-            r.done_in = Some((epoch, id.lease));
+            r.done_in = Some((inst, epoch, id.lease));
         }
     }
 
@@ -212,7 +245,7 @@ impl GroupState {
     fn nack_or_extend_accepted(
         &mut self,
         kind: SettleKind,
-        slot: (Partition, Offset),
+        slot: (Instance, Partition, Offset),
         now: Millis,
         deadline_cap_ms: Millis,
     ) {

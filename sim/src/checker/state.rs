@@ -1,6 +1,10 @@
 //! The checker's mirror of the world: what the broker holds, and what the checker knows of
-//! every group, lane, record and delivery. Plain data; the clause families (the sibling
-//! modules) read and change it. Nothing here is ever read from the mesh.
+//! every group, lane, record, owner and delivery. Plain data; the clause families (the
+//! sibling modules) read and change it. Nothing here is ever read from the mesh.
+//!
+//! Durable things are kept once for the cluster (a lane's durable checkpoint, its commits,
+//! what was done to each record); what lives in a process's memory is kept per instance (a
+//! lane's [`Owner`] on that instance, credit, deliveries in flight, emitted persists).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -9,20 +13,113 @@ use unimesh_core::{
     Partition, Progress, RecordMeta, TopicName,
 };
 
-/// One record the broker acknowledged to its publisher.
+use super::Instance;
+
+/// What the broker has at one offset of a partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SlotState {
+    /// A record the broker acknowledged, still there.
+    Record,
+    /// A record compaction removed, at world step `.0`.
+    Compacted(u64),
+    /// An offset that never held a record a consumer sees (a transaction marker, an
+    /// aborted transaction's record), since world step `.0`.
+    Hole(u64),
+}
+
+/// One offset of a broker partition as the checker saw it published.
 #[derive(Clone, Debug)]
 pub(super) struct PubRec {
-    pub(super) meta: RecordMeta,
+    /// The record's attributes (None for a hole).
+    pub(super) meta: Option<RecordMeta>,
     /// Whether the record came with a POP receipt handle (C6 applies).
     pub(super) handle: bool,
+    pub(super) state: SlotState,
+    /// Unique over the run: tells a record from a later one at the same offset (after the
+    /// broker lost its tail, offsets name new records).
+    pub(super) serial: u64,
+}
+
+impl PubRec {
+    pub(super) fn is_hole(&self) -> bool {
+        matches!(self.state, SlotState::Hole(_))
+    }
+
+    /// The world step since which a consumer cannot see this offset, if it cannot.
+    pub(super) fn absent_since(&self) -> Option<u64> {
+        match self.state {
+            SlotState::Record => None,
+            SlotState::Compacted(at) | SlotState::Hole(at) => Some(at),
+        }
+    }
+}
+
+/// The broker lost `[new_end, old_end)` of a partition (an unclean leader election).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Truncation {
+    pub(super) new_end: Offset,
+    pub(super) old_end: Offset,
 }
 
 /// One broker partition as the checker saw it published.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Log {
+    /// By offset: records, compacted records and holes.
     pub(super) recs: Vec<PubRec>,
     /// Retention deleted everything below this.
     pub(super) earliest: Offset,
+    /// Every tail the broker lost, oldest first: a lane that knows the first `n` of them
+    /// (see [`Owner::knows`]) has seen none of the others.
+    pub(super) truncations: Vec<Truncation>,
+    /// Records the broker lost (a lane may still hold them in memory, the DLQ copies).
+    pub(super) lost: Vec<Lost>,
+}
+
+/// A record the broker lost: where it was, and which truncation lost it.
+#[derive(Clone, Debug)]
+pub(super) struct Lost {
+    pub(super) offset: Offset,
+    pub(super) rec: PubRec,
+    /// Its index in [`Log::truncations`].
+    pub(super) truncation: usize,
+}
+
+impl Log {
+    /// Where a lane is done once every record is: one past the last record (compacted or
+    /// not — compaction always keeps a partition's last record), or the earliest offset if
+    /// retention deleted past that. Holes after the last record are never seen by a
+    /// consumer, so no lane's watermark can pass them before a record follows.
+    pub(super) fn target(&self) -> Offset {
+        let last = self
+            .recs
+            .iter()
+            .rposition(|r| !r.is_hole())
+            .map_or(0, |i| i as Offset + 1);
+        last.max(self.earliest)
+    }
+
+    /// The record `meta` at offset `o`, now there or lost: its serial, and whether the
+    /// broker lost it (then the index of the truncation that did).
+    pub(super) fn identify(&self, o: Offset, meta: &RecordMeta) -> Option<(u64, Option<usize>)> {
+        if let Some(r) = self.recs.get(o as usize) {
+            if r.meta.as_ref() == Some(meta) {
+                return Some((r.serial, None));
+            }
+        }
+        self.lost
+            .iter()
+            .rev()
+            .find(|l| l.offset == o && l.rec.meta.as_ref() == Some(meta))
+            .map(|l| (l.rec.serial, Some(l.truncation)))
+    }
+
+    /// The serial of the record now at offset `o`, if a record is there (compacted or not).
+    pub(super) fn serial_at(&self, o: Offset) -> Option<u64> {
+        self.recs
+            .get(o as usize)
+            .filter(|r| !r.is_hole())
+            .map(|r| r.serial)
+    }
 }
 
 /// What the checker knows of one record for one group.
@@ -45,50 +142,89 @@ pub(super) struct Rec {
     pub(super) max_attempt_any: u32,
     /// Highest attempt number seen in a durable ledger.
     pub(super) ledger_max: u32,
-    /// (epoch, lease) in which the record was last done (ACK accepted).
-    pub(super) done_in: Option<(Epoch, u64)>,
-    pub(super) broker_ack_due: bool,
+    /// (instance, epoch, lease) in which the record was last done (ACK accepted).
+    pub(super) done_in: Option<(Instance, Epoch, u64)>,
+    /// The instance that owes the POP broker an ACK of this record (C6), once told its
+    /// persist is durable.
+    pub(super) broker_ack_due: Option<Instance>,
     pub(super) broker_acked: bool,
     pub(super) deliveries: u32,
 }
 
-/// What the checker knows of one (group, partition) lane. See "Generations" in the module
-/// documentation of [`super`].
+/// One instance's hold on a (group, partition) lane: what that process remembers of it.
+/// See "Generations" in the module documentation of [`super`].
 #[derive(Clone, Debug, Default)]
-pub(super) struct LaneState {
-    pub(super) recs: Vec<Rec>,
-    pub(super) durable: Option<Checkpoint>,
+pub(super) struct Owner {
     pub(super) gen: u32,
-    /// Generation of the last seek.
+    /// Generation of the last seek on this instance.
     pub(super) seek_gen: u32,
-    /// Generations of every seek (a durable watermark may go back across one).
-    pub(super) seek_gens: BTreeSet<u32>,
-    /// Generation of the checkpoint last applied.
-    pub(super) applied_gen: u32,
     /// A seek happened and no checkpoint written after it is durable yet.
     pub(super) seek_pending: bool,
-    /// Crashes and revocations: after one, a first attempt may be handed out again.
-    pub(super) resets: u32,
     /// Bumped by revocation and crash: broker ACKs promised by older persists are void.
     pub(super) drop_gen: u32,
     /// Leases below this were revoked in this incarnation.
     pub(super) revoked_below: u64,
     pub(super) max_lease: u64,
     pub(super) assigned: bool,
-    pub(super) skipped: Vec<(Offset, Offset)>,
-    pub(super) committed: Option<Offset>,
-    pub(super) commit_seek_gen: u32,
+    /// The lane's [`LaneState::owner_stamp`] when this instance was given the lane: older
+    /// than the lane's once the coordinator gave it to someone else or expired this
+    /// instance (a zombie), whose writes must then be fenced.
+    pub(super) stamp: u32,
+    /// How many of the partition's truncations this lane knows of (see [`Log::truncations`]).
+    pub(super) knows: usize,
+    /// One past the highest offset delivered since the lane was given to this instance
+    /// (or last sought).
+    pub(super) delivered_end: Offset,
+    /// The broker lost records from this offset that this lane delivered: it must report
+    /// the loss (`Skipped{BrokerTruncated}`) before its next fetch answer is done with.
+    pub(super) must_report: Option<Offset>,
+    /// The highest watermark of a checkpoint of this owner made durable (what it may commit).
+    pub(super) applied_wm: Option<Offset>,
     /// Key order: the highest offset delivered per key in the current lease.
     pub(super) key_last: BTreeMap<String, (u64, Offset)>,
 }
 
+impl Owner {
+    /// Whether the coordinator moved the lane away from this instance without telling it.
+    pub(super) fn fenced(&self, lane_stamp: u32) -> bool {
+        self.stamp < lane_stamp
+    }
+}
+
+/// What the checker knows of one (group, partition) lane, for the cluster.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LaneState {
+    pub(super) recs: Vec<Rec>,
+    /// The durable checkpoint as the next reader will see it (clipped at every broker
+    /// truncation the lane that wrote it did not know of).
+    pub(super) durable: Option<Checkpoint>,
+    /// Hands out generations, unique over the lane's owners.
+    pub(super) gen_counter: u32,
+    /// Generations of every seek (a durable watermark may go back across one).
+    pub(super) seek_gens: BTreeSet<u32>,
+    /// Generation of the checkpoint last applied.
+    pub(super) applied_gen: u32,
+    /// Crashes, revocations, moves: after one, a first attempt may be handed out again.
+    pub(super) resets: u32,
+    /// Bumped when the coordinator gives the lane to an instance or expires its owner.
+    pub(super) owner_stamp: u32,
+    pub(super) skipped: Vec<(Offset, Offset)>,
+    pub(super) committed: Option<Offset>,
+    /// Seeks and truncations so far, and their count at the last commit (a commit may go
+    /// back only across one).
+    pub(super) rewinds: u32,
+    pub(super) commit_rewinds: u32,
+    pub(super) owners: BTreeMap<Instance, Owner>,
+}
+
 impl LaneState {
-    /// A revocation or crash voids broker ACKs not yet sent (every effect for the lane
-    /// stops; a POP broker hands such records out again after their invisibility time).
-    pub(super) fn void_pending_broker_acks(&mut self) {
+    /// A revocation or crash of `inst` voids the broker ACKs it owes but has not sent
+    /// (every effect for the lane stops; a POP broker hands such records out again after
+    /// their invisibility time).
+    pub(super) fn void_pending_broker_acks(&mut self, inst: Instance) {
         for r in &mut self.recs {
-            if !r.broker_acked {
-                r.broker_ack_due = false;
+            if !r.broker_acked && r.broker_ack_due == Some(inst) {
+                r.broker_ack_due = None;
             }
         }
     }
@@ -108,6 +244,43 @@ impl LaneState {
     pub(super) fn is_skipped(&self, o: Offset) -> bool {
         self.skipped.iter().any(|&(a, b)| a <= o && o < b)
     }
+
+    /// A fresh generation for the lane.
+    pub(super) fn next_gen(&mut self) -> u32 {
+        self.gen_counter += 1;
+        self.gen_counter
+    }
+
+    /// The lane's owner on `inst`, created (with a fresh generation) on first sight.
+    pub(super) fn owner(&mut self, inst: Instance) -> &mut Owner {
+        if !self.owners.contains_key(&inst) {
+            let gen = self.next_gen();
+            let stamp = self.owner_stamp;
+            self.owners.insert(
+                inst,
+                Owner {
+                    gen,
+                    stamp,
+                    ..Owner::default()
+                },
+            );
+        }
+        self.owners
+            .get_mut(&inst)
+            .unwrap_or_else(|| unreachable!("inserted above"))
+    }
+
+    /// Whether any owner still has a seek whose checkpoint is not durable.
+    pub(super) fn seek_pending(&self) -> bool {
+        self.owners.values().any(|o| o.seek_pending)
+    }
+}
+
+/// Clips a checkpoint at a broker truncation: nothing at or above `end` is known done (those
+/// offsets name new records now), nor has attempts.
+pub(super) fn clip(c: &mut Checkpoint, end: Offset) {
+    c.progress.truncate_from(end);
+    c.attempts.retain(|&(o, _)| o < end);
 }
 
 /// The current delivery of one lane slot.
@@ -119,7 +292,7 @@ pub(super) struct Held {
     pub(super) key: Option<String>,
 }
 
-/// One dead letter being replayed, by (epoch, lease, replay offset).
+/// One dead letter being replayed, by (instance, epoch, lease, replay offset).
 #[derive(Clone, Debug, Default)]
 pub(super) struct ReplaySlot {
     pub(super) attempt: u32,
@@ -138,10 +311,10 @@ pub(super) struct GroupState {
     pub(super) max_in_flight: u32,
     pub(super) start: BTreeMap<Partition, Offset>,
     pub(super) lanes: BTreeMap<Partition, LaneState>,
-    pub(super) credit: BTreeMap<ClientId, u32>,
-    /// The current delivery of every lane slot, by (lane partition, lane offset).
-    pub(super) inflight: BTreeMap<(Partition, Offset), Held>,
-    pub(super) replay: HashMap<(Epoch, u64, Offset), ReplaySlot>,
+    pub(super) credit: BTreeMap<(Instance, ClientId), u32>,
+    /// The current delivery of every lane slot, by (instance, lane partition, lane offset).
+    pub(super) inflight: BTreeMap<(Instance, Partition, Offset), Held>,
+    pub(super) replay: HashMap<(Instance, Epoch, u64, Offset), ReplaySlot>,
 }
 
 /// A delivery id the mesh handed out: who got it and for which record.
@@ -151,22 +324,50 @@ pub(super) struct Issued {
     pub(super) group: GroupName,
     pub(super) origin: Partition,
     pub(super) offset: Offset,
+    /// The record's serial (see [`PubRec::serial`]).
+    pub(super) serial: u64,
 }
 
-/// Offsets one persist made durably done in one lane: (group, partition, drop generation,
-/// intervals).
-pub(super) type NewlyDone = (GroupName, Partition, u32, Vec<(Offset, Offset)>);
+/// Offsets one persist made durably done in one lane: (group, partition, instance, drop
+/// generation, intervals).
+pub(super) type NewlyDone = (GroupName, Partition, Instance, u32, Vec<(Offset, Offset)>);
 
-/// (group, partition, generation, drop generation) of one checkpoint of an emitted persist.
-pub(super) type EmittedLane = (GroupName, Partition, u32, u32);
+/// What [`super::Checker::persist_emitted`] noted of one checkpoint of a persist.
+#[derive(Clone, Debug)]
+pub(super) struct EmittedLane {
+    pub(super) group: GroupName,
+    pub(super) partition: Partition,
+    pub(super) gen: u32,
+    pub(super) drop_gen: u32,
+    /// The owner's stamp (fencing) and truncation knowledge at emission.
+    pub(super) stamp: u32,
+    pub(super) knows: usize,
+}
 
 /// What one emitted persist carried, to judge it when the store applies it.
 #[derive(Clone, Debug)]
 pub(super) struct Emitted {
-    /// One per checkpoint of a group the checker knew at emission, in batch order.
-    pub(super) lanes: Vec<EmittedLane>,
+    pub(super) instance: Instance,
+    /// One per checkpoint of the batch, in batch order; None for a group the checker did
+    /// not know at emission.
+    pub(super) lanes: Vec<Option<EmittedLane>>,
+    /// The world step at emission: an offset the broker no longer showed by then may be
+    /// marked done by absence.
+    pub(super) world_seq: u64,
     /// Offsets newly made durable, recorded at apply, for C6 once the mesh is told.
     pub(super) newly_done: Vec<NewlyDone>,
+}
+
+/// One instance: its process, as the checker follows it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Node {
+    pub(super) alive: bool,
+    pub(super) epoch: Epoch,
+    /// Unique over the run and every instance.
+    pub(super) incarnation: u32,
+    pub(super) durable_epoch: Epoch,
+    /// The mesh's own time, as last reported (deadlines are computed from it).
+    pub(super) now: Millis,
 }
 
 /// The bit of generation `gen` in a [`Rec`]'s masks.
@@ -229,5 +430,19 @@ mod tests {
             newly_done(&p(2, &[(4, 6)]), &p(8, &[])),
             vec![(2, 4), (6, 8)]
         );
+    }
+
+    #[test]
+    fn clipping_forgets_what_the_broker_lost() {
+        let mut c = Checkpoint {
+            progress: p(4, &[(6, 9), (11, 12)]),
+            attempts: vec![(5, 2), (9, 3)],
+        };
+        clip(&mut c, 8);
+        assert_eq!(c.progress, p(4, &[(6, 8)]));
+        assert_eq!(c.attempts, vec![(5, 2)]);
+        clip(&mut c, 3);
+        assert_eq!(c.progress, p(3, &[]));
+        assert!(c.attempts.is_empty());
     }
 }
