@@ -736,7 +736,21 @@ impl Mesh {
         match result {
             FetchResult::Records(records) => intake(cx, g, group, partition, records),
             FetchResult::OutOfRange { earliest, end } => {
-                out_of_range(cx, g, group, partition, earliest, end)
+                let truncations = cx.stats.truncations;
+                out_of_range(cx, g, group, partition, earliest, end);
+                if cx.stats.truncations != truncations {
+                    // The broker lost its tail: offsets from `end` name new records. The
+                    // lane takes a new lease, as a seek does, or a new record's delivery
+                    // would carry the very id of the lost record's, and a late ACK of that
+                    // one would settle the new record unseen (unimesh-sim, Kafka world,
+                    // seed 0). Deliveries under the old lease answer `revoked`.
+                    let lease = self.next_lease;
+                    self.next_lease += 1;
+                    group.record_lease(partition, lease);
+                    if let Some(lane) = group.lanes.get_mut(&partition) {
+                        lane.lease = lease;
+                    }
+                }
             }
             FetchResult::Failed { .. } => {
                 cx.stats.fetch_failures += 1;
@@ -1994,6 +2008,14 @@ fn intake(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, records: Vec<Re
             // Offsets the broker does not have (compaction, transaction markers).
             cx.stats.gap_offsets += offset - lane.cursor;
             lane.progress.mark_done_span(lane.cursor, offset);
+            // A record that had attempts recorded may be gone (compacted): its offset is
+            // done by absence now, and its attempt count goes with it, or a checkpoint
+            // would carry an attempt below its watermark (unimesh-sim, Kafka world, seed
+            // 2357).
+            let cursor = lane.cursor;
+            if lane.ledger.range(cursor..offset).next().is_some() {
+                lane.ledger.retain(|&o, _| o < cursor || o >= offset);
+            }
             cx.dirty(g, lane);
         }
         lane.cursor = offset + 1;
@@ -2174,6 +2196,26 @@ fn out_of_range(
             from: end,
             to,
             not_done,
+            reason: SkipReason::BrokerTruncated,
+        });
+    } else if lane.progress.done_end() > end {
+        // The lane never fetched past `end` but holds offsets above it as done (ACK ranges
+        // of the checkpoint it started from): the broker lost them, and they will name new
+        // records. Forget them, or those records would be skipped as done (unimesh-sim,
+        // Kafka world, seed 84). The fetch goes on from the cursor.
+        let to = lane.progress.done_end();
+        lane.progress.truncate_from(end);
+        let _forgotten_above_end = lane.ledger.split_off(&end);
+        lane.rewound = true;
+        cx.stats.truncations += 1;
+        cx.dirty(g, lane);
+        cx.effects.push_back(Effect::Skipped {
+            group: name,
+            topic,
+            partition: p,
+            from: end,
+            to,
+            not_done: 0,
             reason: SkipReason::BrokerTruncated,
         });
     } else {

@@ -221,3 +221,268 @@ fn seed_3973_checkpoints_carry_their_group_until_its_definition_is_durable() {
         "restart alignment resumes after the durable ACK"
     );
 }
+
+/// The fetch a mesh asked for last, if any: (fetch id, from).
+fn last_fetch(effects: &[Effect]) -> Option<(FetchId, Offset)> {
+    effects.iter().rev().find_map(|e| match e {
+        Effect::Fetch { fetch_id, from, .. } => Some((*fetch_id, *from)),
+        _ => None,
+    })
+}
+
+/// The ids of the deliveries among some effects.
+fn delivered_ids(effects: &[Effect]) -> Vec<DeliveryId> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Deliver { delivery, .. } => Some(delivery.id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Kafka-world seed 0 (C4, and through it C1). Goal: after the broker lost its tail (an
+/// unclean leader election) and later records reuse the offsets, a new record never gets
+/// the delivery id of the lost record it replaces, so a late ACK of the lost one cannot
+/// settle the new one unseen. Method: deliver offset 0, lose the whole log (the fetch
+/// answers "out of range, end 0"), fetch a new record at offset 0 and deliver it; before
+/// the fix the lane kept its lease, the new delivery carried the old id, and the old
+/// delivery's ACK was accepted for the new record.
+#[test]
+fn seed_0_kafka_a_lost_tail_gives_the_records_reusing_its_offsets_fresh_ids() {
+    let mut mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).unwrap();
+    let (t, _) = persist_ticket(&effects(&mut mesh)).unwrap();
+    let _ = mesh.handle(0, Input::Persisted { ticket: t });
+    let spec = SubscriptionSpec::new(group(), TopicName::new("t").unwrap());
+    assert_eq!(mesh.handle(0, Input::Subscribe(spec)), Response::Ok);
+    let _ = mesh.handle(
+        0,
+        Input::PartitionsAssigned {
+            group: group(),
+            partitions: vec![Assignment {
+                partition: 0,
+                earliest: 0,
+                end: 1,
+                checkpoint: None,
+            }],
+        },
+    );
+    let (fetch_id, _) = last_fetch(&effects(&mut mesh)).unwrap();
+    let fetched = |fetch_id, result| Input::Fetched {
+        group: group(),
+        partition: 0,
+        fetch_id,
+        result,
+    };
+    let _ = mesh.handle(1, fetched(fetch_id, FetchResult::Records(vec![record(0)])));
+    let poll = || Input::ClientPoll {
+        group: group(),
+        client: ClientId::new("c").unwrap(),
+        max: 1,
+    };
+    let _ = mesh.handle(1, poll());
+    let first = effects(&mut mesh);
+    let old = delivered_ids(&first)[0];
+    // The broker lost offset 0: the next fetch (from 1) hears "out of range, end 0".
+    let (fetch_id, from) = last_fetch(&first).unwrap();
+    assert_eq!(from, 1);
+    let lost = FetchResult::OutOfRange {
+        earliest: 0,
+        end: 0,
+    };
+    let _ = mesh.handle(2, fetched(fetch_id, lost));
+    let after = effects(&mut mesh);
+    assert!(after.iter().any(|e| matches!(
+        e,
+        Effect::Skipped {
+            reason: SkipReason::BrokerTruncated,
+            from: 0,
+            to: 1,
+            ..
+        }
+    )));
+    // A new record at offset 0, delivered.
+    let (fetch_id, from) = last_fetch(&after).unwrap();
+    assert_eq!(from, 0);
+    let mut replacement = record(0);
+    replacement.meta = RecordMeta::Event(std::sync::Arc::new(EventMeta {
+        id: "a-new-record".into(),
+        ty: "t".into(),
+        ..EventMeta::default()
+    }));
+    let _ = mesh.handle(
+        3,
+        fetched(fetch_id, FetchResult::Records(vec![replacement])),
+    );
+    let _ = mesh.handle(3, poll());
+    let new = delivered_ids(&effects(&mut mesh));
+    assert_eq!(new.len(), 1, "the new record is delivered");
+    assert_ne!(new[0], old, "the new record has an id of its own");
+    // The lost record's late ACK settles nothing.
+    let r = mesh.handle(
+        4,
+        Input::Ack {
+            group: group(),
+            ids: vec![old],
+        },
+    );
+    assert_ne!(r, Response::Settled(vec![Settle::Accepted]));
+    let r = mesh.handle(
+        4,
+        Input::Ack {
+            group: group(),
+            ids: vec![new[0]],
+        },
+    );
+    assert_eq!(r, Response::Settled(vec![Settle::Accepted]));
+}
+
+/// Kafka-world seed 84 (C1). Goal: a lane that starts from a checkpoint with ACK ranges
+/// above its cursor forgets the ranges the broker lost when it hears that the log now ends
+/// below them, so the new records reusing those offsets are delivered. Method: assign with
+/// watermark 0 and range [1, 3), answer the first fetch "out of range, end 1" (the broker
+/// lost its tail from 1), then fetch new records at 1 and 2. Before the fix the core read
+/// an end above its cursor as the broker contradicting itself, kept the range, and skipped
+/// the new records as done.
+#[test]
+fn seed_84_kafka_a_lost_tail_clears_the_ack_ranges_above_it() {
+    let mut mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).unwrap();
+    let (t, _) = persist_ticket(&effects(&mut mesh)).unwrap();
+    let _ = mesh.handle(0, Input::Persisted { ticket: t });
+    let spec = SubscriptionSpec::new(group(), TopicName::new("t").unwrap());
+    assert_eq!(mesh.handle(0, Input::Subscribe(spec)), Response::Ok);
+    let _ = mesh.handle(
+        0,
+        Input::PartitionsAssigned {
+            group: group(),
+            partitions: vec![Assignment {
+                partition: 0,
+                earliest: 0,
+                end: 5,
+                checkpoint: Some(Checkpoint {
+                    progress: Progress::from_parts(0, [(1, 3)]).unwrap(),
+                    attempts: vec![],
+                }),
+            }],
+        },
+    );
+    let (fetch_id, from) = last_fetch(&effects(&mut mesh)).unwrap();
+    assert_eq!(from, 0);
+    let fetched = |fetch_id, result| Input::Fetched {
+        group: group(),
+        partition: 0,
+        fetch_id,
+        result,
+    };
+    let lost = FetchResult::OutOfRange {
+        earliest: 0,
+        end: 1,
+    };
+    let _ = mesh.handle(1, fetched(fetch_id, lost));
+    let after = effects(&mut mesh);
+    assert!(
+        after.iter().any(|e| matches!(
+            e,
+            Effect::Skipped {
+                reason: SkipReason::BrokerTruncated,
+                from: 1,
+                to: 3,
+                ..
+            }
+        )),
+        "the loss is reported: {after:?}"
+    );
+    // The fetch goes on (at once or after a retry) from 0; new records at 1 and 2 follow.
+    let (fetch_id, from) = match last_fetch(&after) {
+        Some(f) => f,
+        None => {
+            let _ = mesh.handle(1_000, Input::Tick);
+            last_fetch(&effects(&mut mesh)).expect("the lane fetches again")
+        }
+    };
+    assert_eq!(from, 0);
+    let _ = mesh.handle(
+        1_000,
+        fetched(fetch_id, FetchResult::Records((0..3).map(record).collect())),
+    );
+    let _ = mesh.handle(
+        1_000,
+        Input::ClientPoll {
+            group: group(),
+            client: ClientId::new("c").unwrap(),
+            max: 10,
+        },
+    );
+    let delivered: Vec<Offset> = delivered_ids(&effects(&mut mesh))
+        .iter()
+        .map(|id| id.offset)
+        .collect();
+    assert_eq!(delivered, vec![0, 1, 2], "no new record is taken for done");
+}
+
+/// Kafka-world seed 2357 (a checkpoint the core cannot read back). Goal: the attempt count
+/// of a record that compaction removed leaves with it. Method: start from a checkpoint
+/// recording attempt 2 for offset 1, fetch offsets 0 and 2 (1 was compacted: a gap), ACK
+/// both; the watermark passes 1. Before the fix the gap marked offset 1 done but kept its
+/// attempt count, and the next checkpoint had an attempt below its watermark, which
+/// `Checkpoint::decode` refuses: the lane could not be recovered from it.
+#[test]
+fn seed_2357_kafka_a_gap_takes_the_attempt_count_of_its_offsets_with_it() {
+    let mut mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).unwrap();
+    let (t, _) = persist_ticket(&effects(&mut mesh)).unwrap();
+    let _ = mesh.handle(0, Input::Persisted { ticket: t });
+    let spec = SubscriptionSpec::new(group(), TopicName::new("t").unwrap());
+    assert_eq!(mesh.handle(0, Input::Subscribe(spec)), Response::Ok);
+    let _ = mesh.handle(
+        0,
+        Input::PartitionsAssigned {
+            group: group(),
+            partitions: vec![Assignment {
+                partition: 0,
+                earliest: 0,
+                end: 3,
+                checkpoint: Some(Checkpoint {
+                    progress: Progress::new(0),
+                    attempts: vec![(1, 2)],
+                }),
+            }],
+        },
+    );
+    let (fetch_id, _) = last_fetch(&effects(&mut mesh)).unwrap();
+    let _ = mesh.handle(
+        1,
+        Input::Fetched {
+            group: group(),
+            partition: 0,
+            fetch_id,
+            result: FetchResult::Records(vec![record(0), record(2)]),
+        },
+    );
+    let _ = mesh.handle(
+        1,
+        Input::ClientPoll {
+            group: group(),
+            client: ClientId::new("c").unwrap(),
+            max: 10,
+        },
+    );
+    let ids = delivered_ids(&effects(&mut mesh));
+    assert_eq!(ids.len(), 2);
+    let r = mesh.handle(
+        2,
+        Input::Ack {
+            group: group(),
+            ids,
+        },
+    );
+    assert_eq!(r, Response::Settled(vec![Settle::Accepted; 2]));
+    let _ = mesh.handle(2, Input::FlushNow);
+    let (_, batch) = persist_ticket(&effects(&mut mesh)).expect("the ACKs are persisted");
+    let written = &batch.checkpoints[0].checkpoint;
+    assert_eq!(written.progress.watermark(), 3);
+    assert_eq!(
+        Checkpoint::decode(&written.encode()).as_ref(),
+        Ok(written),
+        "the checkpoint reads back"
+    );
+}
