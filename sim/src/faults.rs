@@ -61,6 +61,27 @@ counters!(
     extends,
     poison_records,
     undecodable_records,
+    // The Kafka world.
+    transaction_markers,
+    aborted_transactions,
+    answers_gap_start,
+    answers_gap_middle,
+    answers_gap_end,
+    compactions,
+    compacted_records,
+    retention_over_ranges,
+    truncations,
+    truncated_records,
+    truncations_detected,
+    persist_answers_reordered,
+    persist_answers_twice,
+    fenced_persists,
+    fenced_commits,
+    lane_moves,
+    leaves,
+    zombies,
+    session_expiries,
+    client_switches,
 );
 
 /// What happened to one fetch answer.

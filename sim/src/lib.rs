@@ -42,5 +42,5 @@ pub mod sweep;
 pub mod trace;
 
 pub use checker::{Checker, Clause, SettleKind, Violation};
-pub use harness::{run, run_seed, Failure, RunReport};
+pub use harness::{run, run_seed, run_seed_classic, Failure, RunReport};
 pub use options::{Options, Size};

@@ -196,7 +196,7 @@ fn hashes_of(seeds: &[u64], size: Size, jobs: usize) -> Vec<(u64, HashOutcome)> 
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&seed) = seeds.get(i) else { return };
-                let r = unimesh_sim::run_seed(seed, size).map(|r| (r.trace_hash, r.digest));
+                let r = unimesh_sim::run_seed_classic(seed, size).map(|r| (r.trace_hash, r.digest));
                 out.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push((i, seed, r));

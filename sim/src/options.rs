@@ -2,10 +2,22 @@
 //! (TigerBeetle's `options_swarm`), so different seeds exercise different mixes — some with
 //! no crash at all and many rebalances, some with a crash every few hundred milliseconds.
 //! The options are printed before the run, so a failure report says what was going on.
+//!
+//! Two worlds. The *classic* world ([`Options::swarm_classic`]) is one mesh over a tidy
+//! log: every offset holds a record, partitions come back only to the instance that lost
+//! them, the broker never loses what it acknowledged. The *Kafka* world ([`Options::swarm`],
+//! what `cargo test` and the long mode run) adds, from [`KafkaOptions`], what a real
+//! Kafka-protocol cluster does: several instances sharing the broker and a progress store
+//! under a group coordinator (joins, leaves, crashes, zombies fenced by generation), offset
+//! gaps (transaction markers, aborted transactions, compaction), retention into recovered
+//! ACK ranges, the loss of a partition's tail, a store that answers late, out of order or
+//! twice, and richer events and filters. The Kafka options are drawn from their own RNG,
+//! so the classic draws of a seed — and the classic world's trace hashes — stay as they
+//! were recorded.
 
 use std::fmt;
 
-use unimesh_core::{Backoff, Millis, Ordering};
+use unimesh_core::{Backoff, Filter, Millis, Ordering};
 
 use crate::rng::Rng;
 
@@ -112,7 +124,56 @@ pub struct Options {
     pub pop: bool,
     pub broker_wait_ms: Millis,
     pub faults: FaultRates,
+    /// The Kafka world's options; None in the classic world.
+    pub kafka: Option<KafkaOptions>,
 }
+
+/// What the Kafka world adds to a seed (see the module documentation). Rates of 0 are off.
+#[derive(Clone, Debug)]
+pub struct KafkaOptions {
+    /// Mesh instances sharing the broker and the progress store (1..=3).
+    pub instances: u32,
+    /// Partitions added to the classic draw (more lanes to spread over the instances).
+    pub extra_partitions: u32,
+    /// Chance per published record that a transaction marker follows it.
+    pub markers: f64,
+    /// Chance per published record that an aborted transaction (records and its marker)
+    /// comes before it.
+    pub aborted: f64,
+    /// Mean time between compaction runs, and the chance that a superseded record goes.
+    pub compaction_every_ms: Millis,
+    pub compaction_rate: f64,
+    /// Mean time between losses of a partition's tail (unclean leader elections).
+    pub truncation_every_ms: Millis,
+    /// Chance, when a lane is handed out with ACK ranges in its checkpoint, that retention
+    /// deletes into those ranges first.
+    pub retention_over_ranges: f64,
+    /// Each answer of the store is late by up to this (so answers overtake each other).
+    pub persist_answer_ms: Millis,
+    /// Chance that the store answers a batch twice.
+    pub persist_answer_twice: f64,
+    /// How long the coordinator keeps a dead instance's lanes before it expires it.
+    pub session_ms: Millis,
+    /// Mean time between a member leaving the group (cleanly) for `away_ms`.
+    pub leave_every_ms: Millis,
+    pub away_ms: Millis,
+    /// Mean time between an instance becoming a zombie (its session expires while it runs)
+    /// for `zombie_ms`.
+    pub zombie_every_ms: Millis,
+    pub zombie_ms: Millis,
+    /// Chance per wake-up that a client polls another instance than last time.
+    pub client_switch: f64,
+    /// One filter per group (replacing the classic type filter), on the richer events.
+    pub filters: Vec<Filter>,
+    /// The seed of the Kafka world's own draws during the run.
+    pub seed: u64,
+}
+
+/// Sources, subjects and extension values the Kafka world's events are drawn from.
+pub const SOURCES: [&str; 3] = ["/sim", "/sim/eu", "/shop"];
+pub const SUBJECTS: [&str; 3] = ["eu/1", "eu/2", "us/1"];
+pub const REGIONS: [&str; 2] = ["eu", "us"];
+pub const TIERS: [&str; 2] = ["gold", "silver"];
 
 /// Half of the time a fault is off; otherwise its rate is drawn from `lo..=hi`.
 fn maybe(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
@@ -132,7 +193,30 @@ fn maybe_every(rng: &mut Rng, lo: Millis, hi: Millis) -> Millis {
 }
 
 impl Options {
+    /// The Kafka world of a seed: its classic options and the Kafka world's on top.
     pub fn swarm(seed: u64, size: Size) -> Self {
+        let mut o = Self::swarm_classic(seed, size);
+        let k = KafkaOptions::swarm(seed, &o);
+        // A POP broker (RocketMQ's) has dense offsets and keeps its tail: the Kafka
+        // broker's own faults stay off there; the cluster's apply all the same.
+        let k = if o.pop {
+            KafkaOptions {
+                markers: 0.0,
+                aborted: 0.0,
+                compaction_every_ms: 0,
+                truncation_every_ms: 0,
+                ..k
+            }
+        } else {
+            k
+        };
+        o.partitions += k.extra_partitions;
+        o.kafka = Some(k);
+        o
+    }
+
+    /// The classic world of a seed, drawn exactly as before the Kafka world existed.
+    pub fn swarm_classic(seed: u64, size: Size) -> Self {
         let mut rng = Rng::new(seed ^ 0x5157_4152_4d00_0000);
         let (max_records, phase) = match size {
             Size::Small => (60, 3_000),
@@ -226,8 +310,79 @@ impl Options {
             pop: rng.chance(0.3),
             broker_wait_ms: rng.range(5, 100),
             faults,
+            kafka: None,
         }
     }
+}
+
+impl KafkaOptions {
+    /// Draws the Kafka world's options of a seed from their own generator.
+    fn swarm(seed: u64, classic: &Options) -> Self {
+        let mut rng = Rng::new(seed ^ 0x4b41_464b_4157_4c44);
+        let phase = classic.fault_phase_ms.max(1);
+        let instances = rng.range(1, 3) as u32;
+        let mut k = KafkaOptions {
+            instances,
+            extra_partitions: rng.range(0, 2) as u32,
+            markers: maybe(&mut rng, 0.05, 0.5),
+            aborted: maybe(&mut rng, 0.02, 0.2),
+            compaction_every_ms: maybe_every(&mut rng, phase / 8, phase),
+            compaction_rate: 0.2 + 0.8 * rng.unit(),
+            truncation_every_ms: maybe_every(&mut rng, phase / 6, phase),
+            retention_over_ranges: maybe(&mut rng, 0.2, 1.0),
+            persist_answer_ms: if rng.chance(0.5) { 0 } else { rng.range(1, 60) },
+            persist_answer_twice: maybe(&mut rng, 0.05, 0.3),
+            session_ms: rng.range(20, 400),
+            leave_every_ms: maybe_every(&mut rng, 300, 3_000),
+            away_ms: rng.range(0, 500),
+            zombie_every_ms: maybe_every(&mut rng, 300, 3_000),
+            zombie_ms: rng.range(10, 600),
+            client_switch: if instances > 1 {
+                0.05 + 0.5 * rng.unit()
+            } else {
+                0.0
+            },
+            filters: Vec::new(),
+            seed: rng.next_u64(),
+        };
+        for g in &classic.groups {
+            k.filters.push(draw_filter(&mut rng, g.type_filter.clone()));
+        }
+        k
+    }
+}
+
+/// A filter on the Kafka world's events: the classic type filter plus, each now and then,
+/// a type prefix, a source, a subject or subject prefix, and extension conditions.
+fn draw_filter(rng: &mut Rng, ty: Option<String>) -> Filter {
+    let pick = |rng: &mut Rng, v: &[&str]| v[rng.index(v.len())].to_string();
+    let mut f = Filter {
+        ty,
+        ..Filter::default()
+    };
+    if rng.chance(0.15) {
+        f.type_prefix = Some(pick(rng, &["a.", "b", "a.cr", ""]));
+    }
+    if rng.chance(0.15) {
+        f.source = Some(pick(rng, &SOURCES));
+    }
+    if rng.chance(0.1) {
+        f.subject = Some(pick(rng, &SUBJECTS));
+    } else if rng.chance(0.15) {
+        f.subject_prefix = Some(pick(rng, &["eu/", "us", ""]));
+    }
+    if rng.chance(0.15) {
+        f.extensions.push(("region".into(), pick(rng, &REGIONS)));
+    }
+    if rng.chance(0.1) {
+        f.extensions
+            .push(("partitionkey".into(), format!("k{}", rng.below(3))));
+    }
+    if rng.chance(0.1) {
+        f.extensions.push(("tier".into(), pick(rng, &TIERS)));
+    }
+    f.extensions.sort();
+    f
 }
 
 impl fmt::Display for Options {
@@ -252,12 +407,31 @@ impl fmt::Display for Options {
             self.broker_wait_ms
         )?;
         writeln!(f, "  faults: {:?}", self.faults)?;
+        if let Some(k) = &self.kafka {
+            writeln!(
+                f,
+                "  kafka: instances={} extra_partitions={} markers={:.3} aborted={:.3} compaction_every_ms={} compaction_rate={:.2} truncation_every_ms={} retention_over_ranges={:.2} persist_answer_ms={} persist_answer_twice={:.3} session_ms={} leave_every_ms={} away_ms={} zombie_every_ms={} zombie_ms={} client_switch={:.2}",
+                k.instances, k.extra_partitions, k.markers, k.aborted, k.compaction_every_ms, k.compaction_rate, k.truncation_every_ms, k.retention_over_ranges, k.persist_answer_ms, k.persist_answer_twice, k.session_ms, k.leave_every_ms, k.away_ms, k.zombie_every_ms, k.zombie_ms, k.client_switch
+            )?;
+        } else {
+            writeln!(f, "  world: classic")?;
+        }
         for g in &self.groups {
             writeln!(
                 f,
                 "  group {}: filter={:?} ordering={:?} ack_timeout_ms={} max_attempts={} backoff={:?} max_in_flight={} latest={}",
                 g.name, g.type_filter, g.ordering, g.ack_timeout_ms, g.max_attempts, g.backoff, g.max_in_flight, g.start_latest
             )?;
+            if let Some(k) = &self.kafka {
+                if let Some(filter) = self
+                    .groups
+                    .iter()
+                    .position(|x| x.name == g.name)
+                    .and_then(|i| k.filters.get(i))
+                {
+                    writeln!(f, "    kafka filter: {filter:?}")?;
+                }
+            }
             for (i, c) in g.clients.iter().enumerate() {
                 writeln!(f, "    client {i}: {c:?}")?;
             }

@@ -13,6 +13,9 @@ const RING: usize = 48;
 pub struct Entry {
     pub step: u64,
     pub now: Millis,
+    /// The instance the step happened at (0 in a one-mesh world; mixed into the hash only
+    /// when not 0, so one-mesh traces hash as they always did).
+    pub node: u32,
     pub what: &'static str,
     pub args: [u64; 4],
 }
@@ -21,8 +24,15 @@ impl fmt::Display for Entry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "#{:<7} t={:<7} {:<16} {} {} {} {}",
-            self.step, self.now, self.what, self.args[0], self.args[1], self.args[2], self.args[3]
+            "#{:<7} t={:<7} n{} {:<16} {} {} {} {}",
+            self.step,
+            self.now,
+            self.node,
+            self.what,
+            self.args[0],
+            self.args[1],
+            self.args[2],
+            self.args[3]
         )
     }
 }
@@ -63,6 +73,9 @@ impl Trace {
         self.mix(name);
         for a in e.args {
             self.mix(a);
+        }
+        if e.node != 0 {
+            self.mix(u64::from(e.node));
         }
         if self.verbose {
             eprintln!("{e}");

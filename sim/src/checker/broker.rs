@@ -1,6 +1,7 @@
 //! What the mesh tells the broker: commits of group offsets (C3: never beyond what the
-//! committing owner made durable, never back except after a seek or a loss of the broker's
-//! tail, never from a fenced owner), POP broker ACKs (C6: only for records durably done)
+//! committing owner made durable, never back except after a seek — a commit counting as
+//! clipped at every loss of the broker's tail its committer had not heard of — never from
+//! a fenced owner), POP broker ACKs (C6: only for records durably done)
 //! and records reported skipped (C1: retention only what retention deleted; a truncation
 //! only what the broker lost and the lane had not heard of yet).
 
@@ -13,6 +14,12 @@ impl Checker {
     /// offsets (one the broker accepted: a fenced owner's must have been refused).
     pub fn committed(&mut self, group: &GroupName, p: Partition, offset: Offset) -> Check {
         let inst = self.current;
+        let truncations = self
+            .groups
+            .get(group)
+            .and_then(|g| self.logs.get(&(g.topic.clone(), p)))
+            .map(|l| l.truncations.clone())
+            .unwrap_or_default();
         let Some(lane) = self.groups.get_mut(group).and_then(|g| g.lanes.get_mut(&p)) else {
             return fail(
                 Clause::C3,
@@ -36,6 +43,10 @@ impl Checker {
                 ),
             );
         }
+        // What the commit says of the log as it is now: nothing past a loss of the broker's
+        // tail the committer had not heard of (a reader honouring leader epochs clips it).
+        let unknown = truncations.get(o.knows..).unwrap_or(&[]);
+        let offset = unknown.iter().map(|t| t.new_end).fold(offset, Offset::min);
         if let Some(prev) = lane.committed {
             if offset < prev && lane.commit_rewinds == lane.rewinds {
                 return fail(
@@ -168,8 +179,9 @@ impl Checker {
     }
 
     /// A lane of the selected instance reported that the broker lost `[from, to)`: only a
-    /// loss it had not heard of, from the lowest such truncation; what it held from there
-    /// is gone (deliveries end, key order restarts).
+    /// loss it had not heard of, from the lowest such truncation. The lane goes on under a
+    /// new lease, as after a seek (so records reusing the offsets get ids of their own):
+    /// its deliveries end and their ids must answer `revoked`.
     fn truncation_reported(
         &mut self,
         group: &GroupName,
@@ -200,9 +212,9 @@ impl Checker {
         }
         o.must_report = None;
         o.delivered_end = o.delivered_end.min(from);
-        o.key_last.retain(|_, &mut (_, last)| last < from);
-        g.inflight
-            .retain(|&(i, lp, lo), _| !(i == inst && lp == p && lo >= from));
+        o.revoked_below = o.max_lease + 1;
+        o.key_last.clear();
+        g.inflight.retain(|&(i, lp, _), _| !(i == inst && lp == p));
         self.stats.truncations_reported += 1;
         Ok(())
     }

@@ -5,8 +5,8 @@
 //! deliveries (see "Several instances" in [`super`]) are allowed duplicates.
 
 use unimesh_core::{
-    Checkpoint, ClientId, Delivery, DeliveryId, GroupName, Millis, Offset, Ordering, Partition,
-    RecordMeta, REPLAY_PARTITION,
+    Checkpoint, ClientId, Delivery, DeliveryId, DlqKey, GroupName, Millis, Offset, Ordering,
+    Partition, RecordMeta, REPLAY_PARTITION,
 };
 
 use super::state::{GroupState, Held, Issued, Owner, Rec};
@@ -81,6 +81,12 @@ impl Checker {
         }
         if id.partition == REPLAY_PARTITION {
             g.deliver_replay(&at, inst, d, carried)?;
+            let key = DlqKey {
+                group: group.clone(),
+                partition: origin,
+                offset: o,
+            };
+            self.replayed.insert((inst, key), carried.serial);
         } else {
             if origin != id.partition || o != id.offset {
                 return fail(

@@ -118,7 +118,8 @@
 //!   records reuse the offsets. The durable checkpoints are clipped there (what a reader
 //!   honouring leader epochs sees), ACKs of lost records justify nothing, and a lane that
 //!   had delivered a lost record must report the loss (`Skipped{BrokerTruncated}`) before
-//!   its next fetch answer is through: [`Checker::fetch_answered`], after the effects of
+//!   its next fetch answer is through (the lane then goes on under a new lease: its
+//!   deliveries end, their ids answer `revoked`): [`Checker::fetch_answered`], after the effects of
 //!   every fetch answer the mesh took (records or out of range), says the lane now knows
 //!   every truncation so far. A checkpoint is clipped at every truncation the lane that
 //!   emitted it did not know of.
@@ -238,6 +239,9 @@ pub struct Checker {
     issued: HashMap<(Instance, DeliveryId), Issued>,
     /// The DLQ ledger: each entry with the serial of the record it holds.
     dlq: BTreeMap<DlqKey, u64>,
+    /// The record each instance last delivered from its replay lane, per DLQ key: what a
+    /// resolution of that key by that instance refers to.
+    replayed: BTreeMap<(Instance, DlqKey), u64>,
     emitted: BTreeMap<(u32, Ticket), Emitted>,
     /// Counts changes of what the broker shows (holes, compaction), for judging gaps.
     world_seq: u64,
@@ -265,6 +269,7 @@ impl Checker {
             groups: BTreeMap::new(),
             issued: HashMap::new(),
             dlq: BTreeMap::new(),
+            replayed: BTreeMap::new(),
             emitted: BTreeMap::new(),
             world_seq: 0,
             serials: 0,

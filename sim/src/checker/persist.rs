@@ -71,7 +71,7 @@ impl Checker {
             );
         };
         self.check_not_fenced(ticket, batch, &em)?;
-        self.apply_dead_letter_changes(batch)?;
+        self.apply_dead_letter_changes(batch, em.instance)?;
         for (c, lane) in batch.checkpoints.iter().zip(em.lanes.iter()) {
             let Some(lane) = lane else {
                 continue;
@@ -113,10 +113,12 @@ impl Checker {
         Ok(())
     }
 
-    /// The groups a batch removes, the dead letters it writes (C5: each only after its last
-    /// allowed attempt failed, a durable ledger said the attempts ran out, or it cannot be
-    /// decoded) and the dead letters it resolves.
-    fn apply_dead_letter_changes(&mut self, batch: &PersistBatch) -> Check {
+    /// The groups a batch of `inst` removes, the dead letters it writes (C5: each only
+    /// after its last allowed attempt failed, a durable ledger said the attempts ran out,
+    /// or it cannot be decoded) and the dead letters it resolves — each only if it still
+    /// holds the record `inst` replayed (a dead letter of a new record at the same
+    /// coordinates, after the broker lost its tail, stays).
+    fn apply_dead_letter_changes(&mut self, batch: &PersistBatch, inst: super::Instance) -> Check {
         for name in &batch.removed_groups {
             self.groups.remove(name);
             self.dlq.retain(|k, _| k.group != *name);
@@ -169,7 +171,10 @@ impl Checker {
             self.dlq.insert(d.key.clone(), serial);
         }
         for k in &batch.dlq_resolved {
-            self.dlq.remove(k);
+            let replayed = self.replayed.get(&(inst, k.clone()));
+            if replayed.is_none_or(|s| self.dlq.get(k) == Some(s)) {
+                self.dlq.remove(k);
+            }
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ impl Checker {
                 let wm = lane
                     .and_then(|l| l.durable.as_ref())
                     .map(|c| c.progress.watermark());
-                if start < end && wm != Some(end) {
+                if start < end && !wm.is_some_and(|w| log.is_done_at(w)) {
                     return fail(
                         Clause::C1,
                         format!(
@@ -70,8 +70,8 @@ impl Checker {
         Ok(())
     }
 
-    /// Whether every lane of every group is durably done up to its log's target, with no
-    /// seek whose own checkpoint is not durable yet.
+    /// Whether every lane of every group is durably done up to its log's target (see
+    /// `Log::is_done_at`), with no seek whose own checkpoint is not durable yet.
     pub fn converged(&self) -> bool {
         self.groups.values().all(|g| {
             if g.lanes.values().any(|l| l.seek_pending()) {
@@ -82,12 +82,11 @@ impl Checker {
                     return true;
                 }
                 let start = g.start.get(p).copied().unwrap_or(0);
-                let end = log.target();
-                start >= end
+                start >= log.target()
                     || g.lanes
                         .get(p)
                         .and_then(|l| l.durable.as_ref())
-                        .is_some_and(|c| c.progress.watermark() == end)
+                        .is_some_and(|c| log.is_done_at(c.progress.watermark()))
             })
         })
     }

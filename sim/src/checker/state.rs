@@ -85,17 +85,25 @@ pub(super) struct Lost {
 }
 
 impl Log {
-    /// Where a lane is done once every record is: one past the last record (compacted or
-    /// not — compaction always keeps a partition's last record), or the earliest offset if
-    /// retention deleted past that. Holes after the last record are never seen by a
-    /// consumer, so no lane's watermark can pass them before a record follows.
+    /// Where a lane is done once every record is: one past the last record the broker
+    /// still shows, or the earliest offset if retention deleted past that. Holes (and
+    /// compacted records) after it are never seen by a consumer, so no lane's watermark can
+    /// pass them before a record follows. (Compaction keeps a partition's last record; only
+    /// a lost tail can leave a compacted record last.)
     pub(super) fn target(&self) -> Offset {
         let last = self
             .recs
             .iter()
-            .rposition(|r| !r.is_hole())
+            .rposition(|r| r.state == SlotState::Record)
             .map_or(0, |i| i as Offset + 1);
         last.max(self.earliest)
+    }
+
+    /// Whether a watermark at `wm` has every record the broker still shows below it: at
+    /// least the target, at most the log's end (offsets in between hold nothing a consumer
+    /// sees; a lane may have passed one while it still held a record compaction removed).
+    pub(super) fn is_done_at(&self, wm: Offset) -> bool {
+        self.target() <= wm && wm <= self.recs.len() as Offset
     }
 
     /// The record `meta` at offset `o`, now there or lost: its serial, and whether the
@@ -210,8 +218,8 @@ pub(super) struct LaneState {
     pub(super) owner_stamp: u32,
     pub(super) skipped: Vec<(Offset, Offset)>,
     pub(super) committed: Option<Offset>,
-    /// Seeks and truncations so far, and their count at the last commit (a commit may go
-    /// back only across one).
+    /// Seeks so far, and their count at the last commit (a commit may go back only across
+    /// one; a loss of the broker's tail clips the last commit instead).
     pub(super) rewinds: u32,
     pub(super) commit_rewinds: u32,
     pub(super) owners: BTreeMap<Instance, Owner>,

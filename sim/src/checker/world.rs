@@ -183,7 +183,7 @@ impl Checker {
                 clip(d, new_end);
             }
             lane.recs.truncate(new_end as usize);
-            lane.rewinds += 1;
+            lane.committed = lane.committed.map(|c| c.min(new_end));
             for owner in lane.owners.values_mut() {
                 if owner.assigned && owner.delivered_end > new_end {
                     owner.must_report = Some(owner.must_report.map_or(new_end, |x| x.min(new_end)));

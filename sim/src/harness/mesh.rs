@@ -1,5 +1,5 @@
-//! Driving the mesh: the time it is given (with clock glitches), one input at a time with
-//! its own invariant check, and its timers.
+//! Driving a node's mesh: the time it is given (its own clock, with clock glitches), one
+//! input at a time with its own invariant check, and its timers.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -10,10 +10,10 @@ use super::{violation, Sim};
 use crate::checker::{Clause, Violation};
 
 impl Sim {
-    /// The time the next input is given at: the harness clock plus the clock jumps so far,
-    /// now and then (during faults) glitched a little into the past.
-    pub(super) fn mesh_now(&mut self) -> Millis {
-        let t = self.now + self.skew;
+    /// The time node `n`'s next input is given at: the harness clock plus the node's clock
+    /// jumps so far, now and then (during faults) glitched a little into the past.
+    pub(super) fn mesh_now(&mut self, n: usize) -> Millis {
+        let t = self.now + self.nodes[n].skew;
         if !self.liveness && self.rng.chance(self.opt.faults.clock_glitch) {
             self.faults.clock_glitches += 1;
             return t.saturating_sub(self.rng.range(1, 500));
@@ -21,16 +21,18 @@ impl Sim {
         t
     }
 
-    /// The time the mesh last acted at: what its deadlines were computed from (a glitched,
-    /// earlier time is ignored by the core, so it may lag the harness clock).
-    pub(super) fn core_now(&self) -> Millis {
-        self.mesh.as_ref().map_or(self.now + self.skew, Mesh::now)
+    /// The time node `n`'s mesh last acted at: what its deadlines were computed from (a
+    /// glitched, earlier time is ignored by the core, so it may lag the node's clock).
+    pub(super) fn core_now(&self, n: usize) -> Millis {
+        let node = &self.nodes[n];
+        node.mesh.as_ref().map_or(self.now + node.skew, Mesh::now)
     }
 
-    /// Feeds one input (no effects drained yet) and checks the mesh's own invariants.
-    pub(super) fn input(&mut self, input: Input) -> Result<Option<Response>, Violation> {
-        let t = self.mesh_now();
-        let Some(mesh) = self.mesh.as_mut() else {
+    /// Feeds one input to node `n`'s mesh (no effects drained yet) and checks the mesh's
+    /// own invariants. None if the node is down.
+    pub(super) fn input(&mut self, n: usize, input: Input) -> Result<Option<Response>, Violation> {
+        let t = self.mesh_now(n);
+        let Some(mesh) = self.nodes[n].mesh.as_mut() else {
             return Ok(None);
         };
         self.steps += 1;
@@ -50,57 +52,56 @@ impl Sim {
         Ok(Some(response))
     }
 
-    /// Fires every due timer first, so effects of timers are not mistaken for effects of the
-    /// next input (the core fires due timers at the start of every `handle`; a flush fired
-    /// by a seek's `handle` carries the lane as it was before the seek).
-    pub(super) fn fire_due_timers(&mut self) -> Result<(), Violation> {
+    /// Fires node `n`'s due timers first, so effects of timers are not mistaken for effects
+    /// of the next input (the core fires due timers at the start of every `handle`; a flush
+    /// fired by a seek's `handle` carries the lane as it was before the seek).
+    pub(super) fn fire_due_timers(&mut self, n: usize) -> Result<(), Violation> {
         for _ in 0..8 {
-            let due = self
+            let node = &self.nodes[n];
+            let due = node
                 .mesh
                 .as_ref()
                 .and_then(Mesh::poll_timeout)
-                .is_some_and(|t| t <= self.now + self.skew);
+                .is_some_and(|t| t <= self.now + node.skew);
             if !due {
                 break;
             }
-            self.note("tick", [1, 0, 0, 0]);
-            self.input(Input::Tick)?;
-            self.drain()?;
+            self.note(n, "tick", [1, 0, 0, 0]);
+            self.input(n, Input::Tick)?;
+            self.drain(n)?;
         }
         Ok(())
     }
 
-    /// Arms one `Ev::Tick` at the mesh's next deadline (in harness time), unless one is
+    /// Arms one `Ev::Tick` at node `n`'s next deadline (in harness time), unless one is
     /// armed earlier already.
-    pub(super) fn schedule_tick(&mut self) {
-        let Some(t) = self.mesh.as_ref().and_then(Mesh::poll_timeout) else {
+    pub(super) fn schedule_tick(&mut self, n: usize) {
+        let node = &self.nodes[n];
+        let Some(t) = node.mesh.as_ref().and_then(Mesh::poll_timeout) else {
             return;
         };
-        let at = t.saturating_sub(self.skew).max(self.now);
-        if self.tick_at.is_none_or(|p| at < p) {
-            self.tick_at = Some(at);
-            self.at(at - self.now, Ev::Tick);
+        let at = t.saturating_sub(node.skew).max(self.now);
+        if node.tick_at.is_none_or(|p| at < p) {
+            self.nodes[n].tick_at = Some(at);
+            self.at(at - self.now, Ev::Tick { node: n });
         }
     }
 
-    /// `Ev::Tick`: fires the mesh's timers if one is due, else arms the next tick.
-    pub(super) fn on_tick(&mut self) -> Result<(), Violation> {
-        if self.tick_at.is_some_and(|t| t <= self.now) {
-            self.tick_at = None;
+    /// `Ev::Tick`: fires node `n`'s timers if one is due, else arms the next tick.
+    pub(super) fn on_tick(&mut self, n: usize) -> Result<(), Violation> {
+        if self.nodes[n].tick_at.is_some_and(|t| t <= self.now) {
+            self.nodes[n].tick_at = None;
         }
-        let due = self
-            .mesh
-            .as_ref()
-            .and_then(Mesh::poll_timeout)
-            .is_some_and(|t| t <= self.now + self.skew);
-        if due {
-            let pt = self.mesh.as_ref().and_then(Mesh::poll_timeout).unwrap_or(0);
-            let cn = self.core_now();
-            self.note("tick", [0, pt, cn, self.skew]);
-            self.input(Input::Tick)?;
-            self.drain()?;
+        let skew = self.nodes[n].skew;
+        let timeout = self.nodes[n].mesh.as_ref().and_then(Mesh::poll_timeout);
+        if timeout.is_some_and(|t| t <= self.now + skew) {
+            let pt = timeout.unwrap_or(0);
+            let cn = self.core_now(n);
+            self.note(n, "tick", [0, pt, cn, skew]);
+            self.input(n, Input::Tick)?;
+            self.drain(n)?;
         } else {
-            self.schedule_tick();
+            self.schedule_tick(n);
         }
         Ok(())
     }

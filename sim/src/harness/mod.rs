@@ -1,54 +1,73 @@
 //! The discrete-event harness: one seeded, single-threaded run of the pure core against the
-//! model broker, store and clients, with faults drawn from the seed, checked at every step
-//! by the mesh's own invariants and by the contract [`Checker`].
+//! model broker, store, coordinator and clients, with faults drawn from the seed, checked
+//! at every step by the meshes' own invariants and by the contract [`Checker`].
 //!
 //! A run has two phases. During the fault phase everything may go wrong. Then faults stop
-//! (TigerBeetle's liveness mode): the mesh restarts if it is down, revoked partitions come
-//! back, clients reconnect and ACK every healthy record in time, and the run must converge
-//! — every lane durably done up to the end of the log — within a time budget, after which
-//! the quiescent checks (C1 liveness, DLQ, C6, the duplicate bound) run.
+//! (TigerBeetle's liveness mode): every instance comes back if it is down, zombies learn
+//! they lost their lanes, every lane gets an owner, clients ACK every healthy record in
+//! time, and the run must converge — every lane durably done up to the end of the log —
+//! within a time budget, after which the quiescent checks (C1 liveness, DLQ, C6, the
+//! duplicate bound) run.
+//!
+//! # Worlds
+//! In the classic world one mesh runs over a tidy log (see [`crate::options`]); in the
+//! Kafka world one to three meshes — *nodes*, each a process with its own clock, local
+//! store and incarnations — share the broker and the progress store, and a group
+//! coordinator ([`crate::model::coordinator`]) moves lanes between them (`cluster.rs`).
+//! The harness plays each node's shell too: it stamps the checkpoints a node writes with
+//! the generation of its ownership and the leader epoch its position came from, fences
+//! what a replaced owner writes, clips what it reads at a lost tail, and validates a
+//! lane's position against the broker's leader epochs on every fetch (Kafka's KIP-320),
+//! answering "out of range" at the divergence point so the core learns of a lost tail.
 //!
 //! # Layout
 //! `Sim` and its run loop are here; the rest is one file per concern, each an
 //! `impl Sim` block:
 //! - `queue`: the events and the queue that orders them (`Sim::at`);
 //! - `events`: one handler per kind of event, dispatched;
-//! - `mesh`: driving the mesh — the time it is given, one input at a time, its timers;
+//! - `mesh`: driving a node's mesh — the time it is given, one input at a time, its timers;
 //! - `effects`: draining effects, one function per kind;
-//! - `broker`: publishing, and fetches answered (long poll, distortions, answers twice);
-//! - `store`: the store applying or failing persists;
+//! - `broker`: publishing (with holes), and fetches answered (long poll, validation,
+//!   distortions, answers twice);
+//! - `store`: the store applying, fencing or failing persists, and its (late) answers;
 //! - `clients`: polls, deliveries received, settles, disconnects, stale and bogus ACKs;
+//! - `cluster`: the coordinator's side — lanes handed out, revoked and moved;
 //! - `faults/`: recurring faults — `crash` (and restart), `rebalance`, `operator` (seek,
-//!   DLQ replay), `retention`, and clock jumps;
+//!   DLQ replay), `retention`, `membership` (leaves, zombies), `broker` (compaction, lost
+//!   tails), and clock jumps;
 //! - `liveness`: the end of faults, convergence, the verdict;
 //! - `report`: what a run reports, and its digest.
 //!
 //! # Determinism
 //! A run is a pure function of its options: three RNGs forked from the seed (`rng` for
 //! records and faults of the environment, `client_rng` for the clients, `broker_rng` for
-//! the latencies of broker and store and the broker's distortions), drawn in program order;
-//! events at equal times run in the order they were scheduled. The order of draws is what `tests/trace_hashes.txt`
-//! holds the harness to: moving a draw changes the hashes.
+//! the latencies of broker and store and the broker's distortions) and, in the Kafka
+//! world only, a fourth (`kafka_rng`, from the Kafka options' own seed) for everything
+//! the Kafka world adds, drawn in program order; events at equal times run in the order
+//! they were scheduled. The order of draws is what `tests/trace_hashes.txt` holds the
+//! classic world to: moving a draw changes the hashes.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use unimesh_core::{
-    ClientId, Effect, Filter, GroupName, Mesh, MeshConfig, Millis, Partition, StartFrom,
-    SubscriptionLimits, SubscriptionSpec, Ticket, TopicName,
+    Checkpoint, ClientId, Effect, FetchId, Filter, GroupName, Mesh, MeshConfig, Millis, Partition,
+    StartFrom, SubscriptionLimits, SubscriptionSpec, Ticket, TopicName,
 };
 
 use crate::checker::{Checker, Clause, Violation};
 use crate::faults::FaultCounts;
 use crate::model::broker::Broker;
 use crate::model::client::Client;
+use crate::model::coordinator::{Coordinator, LaneId};
 use crate::model::store::Store;
-use crate::options::{Options, Size};
+use crate::options::{KafkaOptions, Options, Size};
 use crate::rng::Rng;
 use crate::trace::{Entry, Trace};
 
 mod broker;
 mod clients;
+mod cluster;
 mod effects;
 mod events;
 mod faults;
@@ -65,31 +84,66 @@ use queue::{Ev, Scheduled};
 /// A hard cap on steps, so a livelock cannot hang a sweep.
 const MAX_STEPS: u64 = 3_000_000;
 
-/// What the harness keeps of one group: its definition and the partitions it lost.
+/// What the harness keeps of one group: its definition and (classic world) the partitions
+/// it lost.
 struct GroupRt {
     name: GroupName,
     spec: SubscriptionSpec,
     revoked: BTreeSet<Partition>,
 }
 
-/// One run: the mesh (None while it is down), the models, the checker, the event queue.
+/// What a node's shell knows of one lane its mesh holds.
+#[derive(Clone, Copy, Debug)]
+struct HeldLane {
+    /// The coordinator's generation of the lane when this node was given it.
+    gen: u64,
+    /// The partition's leader epoch the lane's position comes from.
+    leader_epoch: usize,
+}
+
+/// One instance: its mesh (None while the process is down) and what its shell keeps.
+#[derive(Default)]
+struct Node {
+    mesh: Option<Mesh>,
+    /// Bumped at every crash and start: events of an older incarnation are void.
+    inc: u32,
+    last_emitted: Ticket,
+    store_busy: bool,
+    tick_at: Option<Millis>,
+    /// Clock jumps so far: the node's clock runs ahead of the harness's by this.
+    skew: Millis,
+    /// Kafka world: the lanes the shell believes its mesh owns.
+    held: BTreeMap<LaneId, HeldLane>,
+    /// The fetch each lane has outstanding (to know which answer the mesh takes).
+    fetching: BTreeMap<LaneId, FetchId>,
+    /// The coordinator expired this node while it runs (it does not know).
+    zombie: bool,
+    /// The node left the group (cleanly) for a while.
+    away: bool,
+    /// Checkpoints as recovered at start that the mesh may still use (an assignment with
+    /// no checkpoint takes the recovered one).
+    recovered: BTreeMap<LaneId, Checkpoint>,
+    /// Store answers scheduled and not yet delivered, and the last ticket answered.
+    answers_pending: u32,
+    last_answered: Ticket,
+}
+
+/// One run: the nodes, the models, the checker, the event queue.
 struct Sim {
     opt: Options,
     config: MeshConfig,
     rng: Rng,
     client_rng: Rng,
     broker_rng: Rng,
+    /// The Kafka world's own draws (unused in the classic world).
+    kafka_rng: Rng,
     now: Millis,
-    skew: Millis,
     queue: BinaryHeap<Reverse<Scheduled>>,
     seq: u64,
-    mesh: Option<Mesh>,
-    inc: u32,
-    last_emitted: Ticket,
-    store_busy: bool,
-    tick_at: Option<Millis>,
+    nodes: Vec<Node>,
     broker: Broker,
     store: Store,
+    coordinator: Coordinator,
     checker: Checker,
     groups: Vec<GroupRt>,
     clients: Vec<Client>,
@@ -105,9 +159,14 @@ struct Sim {
     core_check: bool,
 }
 
-/// Runs one seed with options drawn for it.
+/// Runs one seed in the Kafka world, with options drawn for it.
 pub fn run_seed(seed: u64, size: Size) -> Result<RunReport, Failure> {
     run(Options::swarm(seed, size))
+}
+
+/// Runs one seed in the classic world (what `tests/trace_hashes.txt` was recorded from).
+pub fn run_seed_classic(seed: u64, size: Size) -> Result<RunReport, Failure> {
+    run(Options::swarm_classic(seed, size))
 }
 
 /// Runs one set of options.
@@ -154,6 +213,7 @@ impl Sim {
         let mut rng = Rng::new(opt.seed);
         let client_rng = rng.fork();
         let broker_rng = rng.fork();
+        let kafka_rng = Rng::new(opt.kafka.as_ref().map_or(0, |k| k.seed));
         let config = MeshConfig {
             max_groups: 8,
             max_clients_per_group: 8,
@@ -174,22 +234,21 @@ impl Sim {
         };
         let checker = Checker::new(config.limits.max_ack_timeout_ms);
         let broker = Broker::new(topic(), opt.partitions);
+        let instances = opt.kafka.as_ref().map_or(1, |k| k.instances.max(1)) as usize;
+        let coordinator = Coordinator::new(opt.groups.len(), opt.partitions);
         Self {
             config,
             rng,
             client_rng,
             broker_rng,
+            kafka_rng,
             now: 0,
-            skew: 0,
             queue: BinaryHeap::new(),
             seq: 0,
-            mesh: None,
-            inc: 0,
-            last_emitted: 0,
-            store_busy: false,
-            tick_at: None,
+            nodes: (0..instances).map(|_| Node::default()).collect(),
             broker,
             store: Store::default(),
+            coordinator,
             checker,
             groups: Vec::new(),
             clients: Vec::new(),
@@ -205,11 +264,22 @@ impl Sim {
         }
     }
 
-    /// Records one step in the trace (its hash and the ring of last steps).
-    fn note(&mut self, what: &'static str, args: [u64; 4]) {
+    /// The Kafka world's options, None in the classic world.
+    fn kafka(&self) -> Option<&KafkaOptions> {
+        self.opt.kafka.as_ref()
+    }
+
+    /// The checker, with its process hooks pointed at node `n`.
+    fn check(&mut self, n: usize) -> &mut Checker {
+        self.checker.instance(n as u32)
+    }
+
+    /// Records one step of node `n` in the trace (its hash and the ring of last steps).
+    fn note(&mut self, n: usize, what: &'static str, args: [u64; 4]) {
         self.trace.record(Entry {
             step: self.steps,
             now: self.now,
+            node: n as u32,
             what,
             args,
         });
@@ -256,19 +326,21 @@ impl Sim {
 
     /// The world before the first event: records that exist before the groups do
     /// (`latest` groups never see them), the groups and their clients, the first
-    /// incarnation.
+    /// incarnation of every node.
     fn set_up(&mut self) -> Result<(), Violation> {
         for _ in 0..self.opt.records_before {
             self.publish_one()?;
         }
         let specs = self.specs();
+        let instances = self.nodes.len();
         for (i, spec) in specs.into_iter().enumerate() {
             self.checker.add_group(&spec);
             let gopt = self.opt.groups[i].clone();
             for (c, copt) in gopt.clients.iter().enumerate() {
                 let id = ClientId::new(&format!("{}-c{c}", gopt.name))
                     .map_err(|e| violation(Clause::Core, e.to_string()))?;
-                self.clients.push(Client::new(i, id, copt.clone()));
+                self.clients
+                    .push(Client::new(i, id, copt.clone(), instances));
             }
             self.groups.push(GroupRt {
                 name: spec.group.clone(),
@@ -276,7 +348,10 @@ impl Sim {
                 revoked: BTreeSet::new(),
             });
         }
-        self.restart()
+        for n in 0..instances {
+            self.restart(n)?;
+        }
+        Ok(())
     }
 
     /// The groups' definitions, as drawn in the options.
@@ -284,12 +359,16 @@ impl Sim {
         self.opt
             .groups
             .iter()
-            .map(|g| {
+            .enumerate()
+            .map(|(i, g)| {
                 let name = GroupName::new(&g.name).unwrap_or_else(|_| unreachable!("g<digit>"));
                 let mut s = SubscriptionSpec::new(name, topic());
-                s.filter = Filter {
-                    ty: g.type_filter.clone(),
-                    ..Filter::default()
+                s.filter = match self.kafka().and_then(|k| k.filters.get(i)) {
+                    Some(f) => f.clone(),
+                    None => Filter {
+                        ty: g.type_filter.clone(),
+                        ..Filter::default()
+                    },
                 };
                 s.ordering = g.ordering;
                 s.ack_timeout_ms = g.ack_timeout_ms;
@@ -315,5 +394,12 @@ impl Sim {
             .iter()
             .position(|g| g.name == *name)
             .ok_or_else(|| violation(Clause::C7, format!("effect for unknown group {name}")))
+    }
+
+    /// Nodes whose process is up.
+    fn alive_nodes(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&n| self.nodes[n].mesh.is_some())
+            .collect()
     }
 }

@@ -8,12 +8,16 @@ use unimesh_core::{DeliveryId, FetchId, FetchResult, Millis, Partition, Ticket};
 
 use super::Sim;
 use crate::checker::SettleKind;
+use crate::model::coordinator::LaneId;
 
-/// One kind of event; each has one handler (dispatched in `events.rs`).
+/// One kind of event; each has one handler (dispatched in `events.rs`). `node` names the
+/// instance an event is for, `inc` the incarnation it was scheduled by (an event of an
+/// incarnation that died is void).
 #[derive(Clone, Debug)]
 pub(super) enum Ev {
     ClientSettle {
         client: usize,
+        node: usize,
         id: DeliveryId,
         kind: SettleKind,
     },
@@ -21,6 +25,7 @@ pub(super) enum Ev {
         client: usize,
     },
     ClockJump,
+    Compaction,
     Crash,
     EndFaults,
     FetchAnswer {
@@ -31,6 +36,20 @@ pub(super) enum Ev {
         call: FetchCall,
         result: FetchResult,
     },
+    /// A lane revoked from `from` (once its writes up to the ticket are through; None if
+    /// it had no owner) goes to node `to`.
+    Handover {
+        lane: LaneId,
+        from: Option<(usize, u32, Ticket)>,
+        to: usize,
+    },
+    Leave,
+    PersistAnswer {
+        node: usize,
+        inc: u32,
+        ticket: Ticket,
+        ok: bool,
+    },
     Publish,
     Reassign {
         inc: u32,
@@ -39,19 +58,39 @@ pub(super) enum Ev {
         after_ticket: Ticket,
     },
     Rebalance,
-    Replay,
-    Restart,
-    Retention,
-    Seek,
-    StoreWork {
+    Rejoin {
+        node: usize,
         inc: u32,
     },
-    Tick,
+    Replay,
+    Restart {
+        node: usize,
+    },
+    Retention,
+    Seek,
+    SessionExpired {
+        node: usize,
+        inc: u32,
+    },
+    StoreWork {
+        node: usize,
+        inc: u32,
+    },
+    Tick {
+        node: usize,
+    },
+    Truncation,
+    Zombie,
+    ZombieWakes {
+        node: usize,
+        inc: u32,
+    },
 }
 
-/// One `Fetch` the mesh asked for, by the incarnation that asked.
+/// One `Fetch` a node's mesh asked for, by the incarnation that asked.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct FetchCall {
+    pub(super) node: usize,
     pub(super) inc: u32,
     pub(super) group: usize,
     pub(super) partition: Partition,

@@ -62,10 +62,17 @@ impl std::fmt::Display for Failure {
 }
 
 impl Sim {
-    /// The trace hash mixed with the mesh's final stats and views (see `RunReport::digest`).
+    /// The trace hash mixed with every mesh's final stats and views (see
+    /// `RunReport::digest`), node 0 first.
     pub(super) fn digest(&self) -> u64 {
         let mut text = format!("{:016x}", self.trace.hash());
-        if let Some(mesh) = &self.mesh {
+        for (n, node) in self.nodes.iter().enumerate() {
+            let Some(mesh) = &node.mesh else {
+                continue;
+            };
+            if n > 0 {
+                text.push_str(&format!("|node {n}"));
+            }
             text.push_str(&format!(
                 "|{}|{:?}|{}",
                 mesh.epoch(),
@@ -82,17 +89,23 @@ impl Sim {
     /// Where every lane stands, for a report of a run that did not converge.
     pub(super) fn lag_report(&self) -> String {
         let mut out = String::new();
-        for g in &self.groups {
+        for (gi, g) in self.groups.iter().enumerate() {
             for p in 0..self.opt.partitions {
                 let wm = self.checker.durable_watermark(&g.name, p);
                 out.push_str(&format!(
-                    "{}/{p}: durable {:?} end {}; ",
+                    "{}/{p}: durable {:?} end {} target {} owner {:?}; ",
                     g.name,
                     wm,
-                    self.broker.end(p)
+                    self.broker.end(p),
+                    self.broker.target(p),
+                    self.coordinator.owner((gi, p)),
                 ));
             }
-            if let Some(v) = self.mesh.as_ref().and_then(|m| m.group_view(&g.name)) {
+            for (n, node) in self.nodes.iter().enumerate() {
+                let Some(v) = node.mesh.as_ref().and_then(|m| m.group_view(&g.name)) else {
+                    continue;
+                };
+                out.push_str(&format!("node {n}: "));
                 for l in &v.lanes {
                     out.push_str(&format!(
                         "[lane {} cursor {} wm {} ranges {:?} in_flight {} queued {} backoff {} fetch {}] ",
@@ -101,6 +114,16 @@ impl Sim {
                 }
                 out.push_str(&format!("clients {:?}; ", v.clients));
             }
+        }
+        for (n, node) in self.nodes.iter().enumerate() {
+            out.push_str(&format!(
+                "node {n}: alive {} zombie {} away {} held {:?} answers {}; ",
+                node.mesh.is_some(),
+                node.zombie,
+                node.away,
+                node.held.keys().collect::<Vec<_>>(),
+                node.answers_pending
+            ));
         }
         out
     }

@@ -2,6 +2,10 @@
 //! plan drawn when it arrives — ACK (possibly late, twice, or after an extension), NACK with
 //! a delay, or never. A poison record is never ACKed. The client keeps ids it has seen, so
 //! it can ACK them again later, including after the mesh restarted (stale ids).
+//!
+//! In a cluster a client polls one instance at a time (its *home*, as a load balancer
+//! would pick it) and may move to another; it settles each delivery at the instance that
+//! issued it, and sends its stale ACKs wherever it is.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -19,8 +23,13 @@ pub struct Client {
     pub group: usize,
     pub id: ClientId,
     pub opts: ClientOptions,
-    pub connected: bool,
-    pub held: BTreeSet<DeliveryId>,
+    /// Per instance: whether that instance's mesh knows the client (it polled there since
+    /// the mesh started, and did not leave).
+    pub connected: Vec<bool>,
+    /// The instance it polls now.
+    pub home: usize,
+    /// Deliveries it holds, with the instance that issued each.
+    pub held: BTreeSet<(usize, DeliveryId)>,
     past: VecDeque<DeliveryId>,
 }
 
@@ -39,12 +48,13 @@ pub enum Behaviour {
 }
 
 impl Client {
-    pub fn new(group: usize, id: ClientId, opts: ClientOptions) -> Self {
+    pub fn new(group: usize, id: ClientId, opts: ClientOptions, instances: usize) -> Self {
         Self {
             group,
             id,
             opts,
-            connected: false,
+            connected: vec![false; instances.max(1)],
+            home: 0,
             held: BTreeSet::new(),
             past: VecDeque::new(),
         }

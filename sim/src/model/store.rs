@@ -1,39 +1,124 @@
 //! A durable store with a barrier: a `Persist` batch counts only once applied, batches are
 //! applied in ticket order and atomically, and a crash loses every batch not yet applied.
 //! Checkpoints are kept in their byte encoding so every restart exercises the decoder.
+//!
+//! One store serves a whole cluster, as a Kafka deployment's topics do: subscriptions, the
+//! progress of every lane (the progress topic) and the DLQ ledger are shared; the epoch and
+//! the queue of batches not yet written are each instance's own. The shell stamps every
+//! checkpoint it submits with what the group coordinator and the broker told it — the
+//! generation of its ownership of the lane and the leader epoch its position came from —
+//! so the store *fences* a checkpoint of an owner the coordinator has since replaced (a
+//! zombie: the whole batch fails, as a fenced transaction does), and a reader *clips* a
+//! checkpoint written before the broker lost its tail (nothing done at or above the
+//! divergence point: those offsets name new records).
+//!
+//! DLQ entries are keyed by their record's coordinates, which a lost tail reuses. A batch
+//! resolving an entry (its replay was ACKed) deletes it only if the entry still holds the
+//! record that instance was given to replay: a dead letter of a new record at the same
+//! coordinates, written meanwhile, stays (the shell knows what it replayed; the core's
+//! resolution names only the key).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use unimesh_core::{
-    Checkpoint, CheckpointError, DeadLetter, DlqKey, Epoch, GroupName, Partition, PersistBatch,
-    Record, Recovered, SubscriptionSpec, Ticket, TopicName,
+    Checkpoint, CheckpointError, DeadLetter, DlqKey, Epoch, GroupName, Offset, Partition,
+    PersistBatch, Record, Recovered, SubscriptionSpec, Ticket,
 };
+
+/// One instance of the cluster (index into the harness's nodes).
+pub type NodeId = u32;
+
+/// What the shell knew of a lane when it submitted one of its checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The coordinator's generation of the lane's ownership when the writer was given it.
+    pub owner_gen: u64,
+    /// The partition's leader epoch the writer's position came from.
+    pub leader_epoch: usize,
+}
+
+/// What became of the batch at the front of an instance's queue.
+#[derive(Clone, Debug)]
+pub enum Front {
+    Applied(Ticket, PersistBatch),
+    /// A checkpoint's owner was replaced: nothing of the batch was written.
+    Fenced(Ticket),
+}
+
+#[derive(Clone, Debug)]
+struct Stored {
+    bytes: Vec<u8>,
+    leader_epoch: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    ticket: Ticket,
+    batch: PersistBatch,
+    /// One per checkpoint of the batch.
+    stamps: Vec<Stamp>,
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct Store {
-    epoch: Epoch,
+    epochs: BTreeMap<NodeId, Epoch>,
     subscriptions: BTreeMap<GroupName, SubscriptionSpec>,
-    checkpoints: BTreeMap<(GroupName, Partition), (TopicName, Vec<u8>)>,
+    checkpoints: BTreeMap<(GroupName, Partition), Stored>,
     dlq: BTreeMap<DlqKey, DeadLetter>,
-    pending: VecDeque<(Ticket, PersistBatch)>,
+    pending: BTreeMap<NodeId, VecDeque<Pending>>,
+    /// The record each instance was last given to replay, per DLQ key.
+    replayed: BTreeMap<(NodeId, DlqKey), Record>,
+}
+
+/// Forgets what a checkpoint knew at and above `end` (progress and attempts).
+pub fn clip(c: &mut Checkpoint, end: Offset) {
+    c.progress.truncate_from(end);
+    c.attempts.retain(|&(o, _)| o < end);
 }
 
 impl Store {
-    pub fn submit(&mut self, ticket: Ticket, batch: PersistBatch) {
-        self.pending.push_back((ticket, batch));
+    /// Queues a batch of `node`; `stamps` has one entry per checkpoint (or none at all,
+    /// for a shell that never fences nor clips).
+    pub fn submit(
+        &mut self,
+        node: NodeId,
+        ticket: Ticket,
+        batch: PersistBatch,
+        stamps: Vec<Stamp>,
+    ) {
+        self.pending.entry(node).or_default().push_back(Pending {
+            ticket,
+            batch,
+            stamps,
+        });
     }
 
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+    pub fn has_pending(&self, node: NodeId) -> bool {
+        self.pending.get(&node).is_some_and(|q| !q.is_empty())
     }
 
-    pub fn front_ticket(&self) -> Option<Ticket> {
-        self.pending.front().map(|(t, _)| *t)
+    pub fn front_ticket(&self, node: NodeId) -> Option<Ticket> {
+        self.pending.get(&node)?.front().map(|p| p.ticket)
     }
 
-    /// Makes the oldest pending batch durable and returns it.
-    pub fn apply_front(&mut self) -> Option<(Ticket, PersistBatch)> {
-        let (ticket, batch) = self.pending.pop_front()?;
+    /// Writes the oldest pending batch of `node`, unless one of its checkpoints is fenced
+    /// (`is_current(group, partition, owner_gen)` says no): then nothing of it is written.
+    pub fn apply_front(
+        &mut self,
+        node: NodeId,
+        is_current: impl Fn(&GroupName, Partition, u64) -> bool,
+    ) -> Option<Front> {
+        let p = self.pending.get_mut(&node)?.pop_front()?;
+        let fenced = p
+            .batch
+            .checkpoints
+            .iter()
+            .zip(&p.stamps)
+            .any(|(c, s)| !is_current(&c.group, c.partition, s.owner_gen));
+        if fenced {
+            return Some(Front::Fenced(p.ticket));
+        }
+        let batch = p.batch;
         for g in &batch.removed_groups {
             self.subscriptions.remove(g);
             self.checkpoints.retain(|(cg, _), _| cg != g);
@@ -42,68 +127,171 @@ impl Store {
         for s in &batch.subscriptions {
             self.subscriptions.insert(s.group.clone(), s.clone());
         }
-        for c in &batch.checkpoints {
+        for (i, c) in batch.checkpoints.iter().enumerate() {
+            let leader_epoch = p.stamps.get(i).map_or(0, |s| s.leader_epoch);
             self.checkpoints.insert(
                 (c.group.clone(), c.partition),
-                (c.topic.clone(), c.checkpoint.encode()),
+                Stored {
+                    bytes: c.checkpoint.encode(),
+                    leader_epoch,
+                },
             );
         }
         for d in &batch.dead_letters {
             self.dlq.insert(d.key.clone(), d.clone());
         }
         for k in &batch.dlq_resolved {
-            self.dlq.remove(k);
+            let replayed = self.replayed.get(&(node, k.clone()));
+            let same = |d: &DeadLetter| replayed.is_none_or(|r| r.meta == d.record.meta);
+            if self.dlq.get(k).is_some_and(same) {
+                self.dlq.remove(k);
+            }
         }
         if let Some(e) = batch.epoch {
-            self.epoch = e;
+            self.epochs.insert(node, e);
         }
-        Some((ticket, batch))
+        Some(Front::Applied(p.ticket, batch))
     }
 
-    /// The oldest pending batch could not be written: it is dropped, nothing of it counts.
-    pub fn fail_front(&mut self) -> Option<Ticket> {
-        self.pending.pop_front().map(|(t, _)| t)
+    /// The oldest pending batch of `node` could not be written: it is dropped, nothing of
+    /// it counts.
+    pub fn fail_front(&mut self, node: NodeId) -> Option<Ticket> {
+        self.pending.get_mut(&node)?.pop_front().map(|p| p.ticket)
     }
 
-    /// The process died: unapplied batches are lost.
-    pub fn crash(&mut self) {
-        self.pending.clear();
+    /// The process of `node` died: its unapplied batches are lost.
+    pub fn crash(&mut self, node: NodeId) {
+        if let Some(q) = self.pending.get_mut(&node) {
+            q.clear();
+        }
     }
 
+    /// The checkpoint of a lane as a reader sees it: clipped where the broker lost its
+    /// tail since the leader epoch it was written in (`divergence(partition, epoch)`).
     pub fn checkpoint(
         &self,
         g: &GroupName,
         p: Partition,
+        divergence: impl Fn(Partition, usize) -> Option<Offset>,
     ) -> Result<Option<Checkpoint>, CheckpointError> {
         self.checkpoints
             .get(&(g.clone(), p))
-            .map(|(_, bytes)| Checkpoint::decode(bytes))
+            .map(|s| read(s, p, &divergence))
             .transpose()
     }
 
-    pub fn recovered(&self) -> Result<Recovered, CheckpointError> {
+    /// What an instance recovers at start: its epoch, and the cluster's subscriptions and
+    /// checkpoints (each read as [`Store::checkpoint`] does).
+    pub fn recovered(
+        &self,
+        node: NodeId,
+        divergence: impl Fn(Partition, usize) -> Option<Offset>,
+    ) -> Result<Recovered, CheckpointError> {
         let mut checkpoints = Vec::with_capacity(self.checkpoints.len());
-        for ((g, p), (_, bytes)) in &self.checkpoints {
-            checkpoints.push((g.clone(), *p, Checkpoint::decode(bytes)?));
+        for ((g, p), s) in &self.checkpoints {
+            checkpoints.push((g.clone(), *p, read(s, *p, &divergence)?));
         }
         Ok(Recovered {
-            epoch: self.epoch,
+            epoch: self.epochs.get(&node).copied().unwrap_or(0),
             subscriptions: self.subscriptions.values().cloned().collect(),
             checkpoints,
         })
     }
 
-    /// Up to `max` dead letters of a group, oldest key first, for a replay.
-    pub fn dead_letters(&self, g: &GroupName, max: usize) -> Vec<(Partition, Record)> {
-        self.dlq
+    /// The stored bytes of a lane's checkpoint (to tell whether it changed).
+    pub fn checkpoint_bytes(&self, g: &GroupName, p: Partition) -> Option<&[u8]> {
+        self.checkpoints
+            .get(&(g.clone(), p))
+            .map(|s| s.bytes.as_slice())
+    }
+
+    /// Up to `max` dead letters of a group, oldest key first, for a replay by `node`
+    /// (remembered, to tell what a later resolution of their keys refers to).
+    pub fn dead_letters(
+        &mut self,
+        node: NodeId,
+        g: &GroupName,
+        max: usize,
+    ) -> Vec<(Partition, Record)> {
+        let out: Vec<(Partition, Record)> = self
+            .dlq
             .iter()
             .filter(|(k, _)| k.group == *g)
             .take(max)
             .map(|(k, d)| (k.partition, d.record.clone()))
-            .collect()
+            .collect();
+        for (p, r) in &out {
+            let key = DlqKey {
+                group: g.clone(),
+                partition: *p,
+                offset: r.offset,
+            };
+            self.replayed.insert((node, key), r.clone());
+        }
+        out
     }
 
     pub fn dlq_len(&self) -> usize {
         self.dlq.len()
+    }
+}
+
+/// Decodes a stored checkpoint and clips it at the divergence of its leader epoch.
+fn read(
+    s: &Stored,
+    p: Partition,
+    divergence: &impl Fn(Partition, usize) -> Option<Offset>,
+) -> Result<Checkpoint, CheckpointError> {
+    let mut c = Checkpoint::decode(&s.bytes)?;
+    if let Some(end) = divergence(p, s.leader_epoch) {
+        clip(&mut c, end);
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use unimesh_core::{LaneCheckpoint, Progress, TopicName};
+
+    fn lane(wm: Offset, ranges: &[(Offset, Offset)]) -> LaneCheckpoint {
+        LaneCheckpoint {
+            group: GroupName::new("g").unwrap(),
+            topic: TopicName::new("t").unwrap(),
+            partition: 0,
+            checkpoint: Checkpoint {
+                progress: Progress::from_parts(wm, ranges.iter().copied()).unwrap(),
+                attempts: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn a_replaced_owner_is_fenced_and_a_lost_tail_clipped() {
+        let mut s = Store::default();
+        let batch = |c| PersistBatch {
+            checkpoints: vec![c],
+            ..PersistBatch::default()
+        };
+        let stamp = |owner_gen, leader_epoch| Stamp {
+            owner_gen,
+            leader_epoch,
+        };
+        s.submit(0, 1, batch(lane(4, &[(6, 9)])), vec![stamp(1, 0)]);
+        s.submit(1, 1, batch(lane(2, &[])), vec![stamp(1, 0)]);
+        let current = |_: &GroupName, _: Partition, gen: u64| gen >= 2;
+        assert!(matches!(s.apply_front(1, current), Some(Front::Fenced(1))));
+        assert!(matches!(
+            s.apply_front(0, |_, _, _| true),
+            Some(Front::Applied(1, _))
+        ));
+        let g = GroupName::new("g").unwrap();
+        let never = |_: Partition, _: usize| None;
+        let lost_at_7 = |_: Partition, epoch: usize| (epoch == 0).then_some(7);
+        let c = s.checkpoint(&g, 0, never).unwrap().unwrap();
+        assert_eq!(c.progress.ranges().collect::<Vec<_>>(), vec![(6, 9)]);
+        let c = s.checkpoint(&g, 0, lost_at_7).unwrap().unwrap();
+        assert_eq!(c.progress.ranges().collect::<Vec<_>>(), vec![(6, 7)]);
+        assert_eq!(s.recovered(0, never).unwrap().checkpoints.len(), 1);
     }
 }

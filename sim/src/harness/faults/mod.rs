@@ -1,10 +1,13 @@
 //! Faults of the environment that arrive at random times during the fault phase: crashes
-//! and restarts, rebalances, operator seeks and DLQ replays, retention, clock jumps. Each
-//! arrives as a Poisson process of the mean the seed drew (no arrivals for a mean of 0),
-//! and stops once faults stop. Faults of the broker, store and clients that strike one
-//! operation (a failed fetch, a lost delivery) live with that operation.
+//! and restarts, rebalances, operator seeks and DLQ replays, retention, clock jumps; in the
+//! Kafka world also members leaving, zombies, compaction and lost tails. Each arrives as a
+//! Poisson process of the mean the seed drew (no arrivals for a mean of 0), and stops once
+//! faults stop. Faults of the broker, store and clients that strike one operation (a
+//! failed fetch, a lost delivery) live with that operation.
 
+mod broker;
 mod crash;
+mod membership;
 mod operator;
 mod rebalance;
 mod retention;
@@ -14,15 +17,17 @@ use unimesh_core::{Input, Millis};
 use super::queue::Ev;
 use super::Sim;
 use crate::checker::Violation;
+use crate::rng::Rng;
+
+/// Exponentially distributed delay with the given mean (for fault arrivals).
+fn exp(rng: &mut Rng, mean: Millis) -> Millis {
+    let u = rng.unit().max(1e-9);
+    ((-u.ln()) * mean as f64) as Millis + 1
+}
 
 impl Sim {
-    /// Exponentially distributed delay with the given mean (for fault arrivals).
-    fn exp(&mut self, mean: Millis) -> Millis {
-        let u = self.rng.unit().max(1e-9);
-        ((-u.ln()) * mean as f64) as Millis + 1
-    }
-
-    /// Schedules the first arrival of every recurring fault.
+    /// Schedules the first arrival of every recurring fault (the Kafka world's drawing
+    /// their delays from its own generator).
     pub(super) fn schedule_fault_arrivals(&mut self) {
         let f = self.opt.faults.clone();
         let arrivals = [
@@ -35,7 +40,22 @@ impl Sim {
         ];
         for (mean, ev) in arrivals {
             if mean > 0 {
-                let d = self.exp(mean);
+                let d = exp(&mut self.rng, mean);
+                self.at(d, ev);
+            }
+        }
+        let Some(k) = self.kafka().cloned() else {
+            return;
+        };
+        let arrivals = [
+            (k.compaction_every_ms, Ev::Compaction),
+            (k.truncation_every_ms, Ev::Truncation),
+            (k.leave_every_ms, Ev::Leave),
+            (k.zombie_every_ms, Ev::Zombie),
+        ];
+        for (mean, ev) in arrivals {
+            if mean > 0 {
+                let d = exp(&mut self.kafka_rng, mean);
                 self.at(d, ev);
             }
         }
@@ -53,12 +73,42 @@ impl Sim {
             return Ok(());
         }
         strike(self)?;
-        let d = self.exp(mean_ms);
+        let d = exp(&mut self.rng, mean_ms);
         self.at(d, ev);
         Ok(())
     }
 
-    /// `Ev::ClockJump`: the mesh's clock jumps forward (a suspended VM, an NTP step).
+    /// [`Sim::recur`] for a fault only the Kafka world has (its delays from its own
+    /// generator).
+    fn recur_kafka(
+        &mut self,
+        ev: Ev,
+        mean_ms: Millis,
+        strike: fn(&mut Self) -> Result<(), Violation>,
+    ) -> Result<(), Violation> {
+        if self.liveness || mean_ms == 0 {
+            return Ok(());
+        }
+        strike(self)?;
+        let d = exp(&mut self.kafka_rng, mean_ms);
+        self.at(d, ev);
+        Ok(())
+    }
+
+    /// A node a fault strikes: node 0 in the classic world, an alive one drawn from the
+    /// seed in the Kafka world (None if every node is down).
+    fn victim(&mut self) -> Option<usize> {
+        if self.kafka().is_none() {
+            return Some(0);
+        }
+        let alive = self.alive_nodes();
+        if alive.is_empty() {
+            return None;
+        }
+        Some(alive[self.kafka_rng.index(alive.len())])
+    }
+
+    /// `Ev::ClockJump`: a mesh's clock jumps forward (a suspended VM, an NTP step).
     pub(super) fn on_clock_jump(&mut self) -> Result<(), Violation> {
         self.recur(
             Ev::ClockJump,
@@ -68,11 +118,14 @@ impl Sim {
     }
 
     fn clock_jump(&mut self) -> Result<(), Violation> {
+        let Some(n) = self.victim() else {
+            return Ok(());
+        };
         self.faults.clock_jumps += 1;
         let j = self.rng.range(500, 20_000);
-        self.skew += j;
-        self.note("clock-jump", [j, 0, 0, 0]);
-        self.input(Input::Tick)?;
-        self.drain()
+        self.nodes[n].skew += j;
+        self.note(n, "clock-jump", [j, 0, 0, 0]);
+        self.input(n, Input::Tick)?;
+        self.drain(n)
     }
 }

@@ -1,4 +1,5 @@
-//! What an operator does: seek a lane, replay dead letters.
+//! What an operator does: seek a lane, replay dead letters — at the one mesh, or (Kafka
+//! world) at an instance drawn from the seed, on a lane that instance holds.
 
 use unimesh_core::{Input, Partition, Response};
 
@@ -20,51 +21,77 @@ impl Sim {
     /// An operator moves one lane drawn from the seed to an offset drawn from its bounds
     /// (a little below the earliest, too).
     fn seek(&mut self) -> Result<(), Violation> {
-        if self.mesh.is_none() {
+        let Some((n, g, p)) = self.seek_target() else {
             return Ok(());
-        }
-        let g = self.rng.index(self.groups.len());
-        let p = self.rng.below(u64::from(self.opt.partitions)) as Partition;
-        if self.groups[g].revoked.contains(&p) {
-            return Ok(());
-        }
+        };
         let earliest = self.broker.earliest(p);
         let end = self.broker.end(p);
         let offset = self.rng.range(earliest.saturating_sub(2), end);
         self.faults.seeks += 1;
-        self.fire_due_timers()?;
+        self.fire_due_timers(n)?;
         let name = self.groups[g].name.clone();
-        self.note("seek", [g as u64, u64::from(p), offset, 0]);
-        let r = self.input(Input::Seek {
-            group: name.clone(),
-            partition: p,
-            offset,
-        })?;
+        self.note(n, "seek", [g as u64, u64::from(p), offset, 0]);
+        let r = self.input(
+            n,
+            Input::Seek {
+                group: name.clone(),
+                partition: p,
+                offset,
+            },
+        )?;
         if r == Some(Response::Ok) {
-            let t = self.core_now();
-            self.checker.sought(t, &name, p, offset);
+            let t = self.core_now(n);
+            self.check(n).sought(t, &name, p, offset);
         }
-        self.drain()
+        self.drain(n)
     }
 
-    /// An operator replays a few dead letters of one group.
+    /// The node, group and partition of a seek: classic world, any lane not revoked;
+    /// Kafka world, a lane an alive instance holds.
+    fn seek_target(&mut self) -> Option<(usize, usize, Partition)> {
+        if self.kafka().is_none() {
+            self.nodes[0].mesh.as_ref()?;
+            let g = self.rng.index(self.groups.len());
+            let p = self.rng.below(u64::from(self.opt.partitions)) as Partition;
+            if self.groups[g].revoked.contains(&p) {
+                return None;
+            }
+            return Some((0, g, p));
+        }
+        let n = self.victim()?;
+        let held: Vec<_> = self.nodes[n].held.keys().copied().collect();
+        if held.is_empty() {
+            return None;
+        }
+        let (g, p) = held[self.kafka_rng.index(held.len())];
+        Some((n, g, p))
+    }
+
+    /// An operator replays a few dead letters of one group (at an instance drawn from the
+    /// seed, in the Kafka world: the DLQ is the cluster's).
     fn replay(&mut self) -> Result<(), Violation> {
-        if self.mesh.is_none() {
+        let Some(n) = self.victim() else {
+            return Ok(());
+        };
+        if self.nodes[n].mesh.is_none() {
             return Ok(());
         }
         let g = self.rng.index(self.groups.len());
         let name = self.groups[g].name.clone();
         let max = self.rng.range(1, 6) as usize;
-        let records = self.store.dead_letters(&name, max);
+        let records = self.store.dead_letters(n as u32, &name, max);
         if records.is_empty() {
             return Ok(());
         }
         self.faults.replays += 1;
-        self.note("replay", [g as u64, records.len() as u64, 0, 0]);
-        self.input(Input::Replay {
-            group: name,
-            records,
-        })?;
-        self.drain()
+        self.note(n, "replay", [g as u64, records.len() as u64, 0, 0]);
+        self.input(
+            n,
+            Input::Replay {
+                group: name,
+                records,
+            },
+        )?;
+        self.drain(n)
     }
 }

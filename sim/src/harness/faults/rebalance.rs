@@ -1,5 +1,7 @@
-//! Rebalances: a group loses a partition and, after a while, gets it back — once what the
-//! old owner wrote is durable, from the checkpoint in the store (as a new owner would).
+//! Rebalances. Classic world: a group loses a partition and, after a while, gets it back —
+//! once what the old owner wrote is durable, from the checkpoint in the store (as a new
+//! owner would). Kafka world: the coordinator moves one lane from its owner to a member
+//! drawn from the seed (possibly the same one), cooperatively.
 
 use unimesh_core::{Assignment, Input, Partition, Response, Ticket};
 
@@ -8,7 +10,7 @@ use crate::harness::queue::Ev;
 use crate::harness::{violation, Sim};
 
 impl Sim {
-    /// `Ev::Rebalance`: one partition of one group is revoked.
+    /// `Ev::Rebalance`: one partition of one group is revoked (or, Kafka world, moved).
     pub(in crate::harness) fn on_rebalance(&mut self) -> Result<(), Violation> {
         self.recur(
             Ev::Rebalance,
@@ -17,8 +19,9 @@ impl Sim {
         )
     }
 
-    /// `Ev::Reassign`: the revoked partition comes back to incarnation `inc`, once every
-    /// persist up to `after_ticket` (what the old owner wrote) is out of the store's queue.
+    /// `Ev::Reassign` (classic world): the revoked partition comes back to incarnation
+    /// `inc`, once every persist up to `after_ticket` (what the old owner wrote) is out of
+    /// the store's queue.
     pub(in crate::harness) fn on_reassign(
         &mut self,
         inc: u32,
@@ -26,10 +29,14 @@ impl Sim {
         partition: Partition,
         after_ticket: Ticket,
     ) -> Result<(), Violation> {
-        if inc != self.inc || self.mesh.is_none() {
+        if inc != self.nodes[0].inc || self.nodes[0].mesh.is_none() {
             return Ok(());
         }
-        if self.store.front_ticket().is_some_and(|t| t <= after_ticket) {
+        if self
+            .store
+            .front_ticket(0)
+            .is_some_and(|t| t <= after_ticket)
+        {
             // The shell waits until what the old owner wrote is durable, then reads it.
             self.at(
                 5,
@@ -45,10 +52,17 @@ impl Sim {
         self.reassign(group, partition)
     }
 
-    /// The group loses one partition drawn from the seed (if it owns it), to get it back
-    /// after a while.
     fn rebalance(&mut self) -> Result<(), Violation> {
-        if self.mesh.is_none() {
+        if self.kafka().is_some() {
+            return self.move_one_lane();
+        }
+        self.revoke_one()
+    }
+
+    /// Classic world: the group loses one partition drawn from the seed (if it owns it),
+    /// to get it back after a while.
+    fn revoke_one(&mut self) -> Result<(), Violation> {
+        if self.nodes[0].mesh.is_none() {
             return Ok(());
         }
         let g = self.rng.index(self.groups.len());
@@ -57,20 +71,23 @@ impl Sim {
             return Ok(());
         }
         self.faults.rebalances += 1;
-        self.fire_due_timers()?;
+        self.fire_due_timers(0)?;
         let name = self.groups[g].name.clone();
-        self.note("revoke", [g as u64, u64::from(p), 0, 0]);
-        self.input(Input::PartitionsRevoked {
-            group: name.clone(),
-            partitions: vec![p],
-        })?;
-        let t = self.core_now();
-        self.checker.revoked(t, &name, p);
+        self.note(0, "revoke", [g as u64, u64::from(p), 0, 0]);
+        self.input(
+            0,
+            Input::PartitionsRevoked {
+                group: name.clone(),
+                partitions: vec![p],
+            },
+        )?;
+        let t = self.core_now(0);
+        self.check(0).revoked(t, &name, p);
         self.groups[g].revoked.insert(p);
-        self.drain()?;
+        self.drain(0)?;
         let d = self.rng.range(0, 300);
-        let inc = self.inc;
-        let after_ticket = self.last_emitted;
+        let inc = self.nodes[0].inc;
+        let after_ticket = self.nodes[0].last_emitted;
         self.at(
             d,
             Ev::Reassign {
@@ -83,7 +100,8 @@ impl Sim {
         Ok(())
     }
 
-    /// The group gets the partition back, with the checkpoint the store holds for it.
+    /// Classic world: the group gets the partition back, with the checkpoint the store
+    /// holds for it.
     fn reassign(&mut self, g: usize, p: Partition) -> Result<(), Violation> {
         if !self.groups[g].revoked.remove(&p) {
             return Ok(());
@@ -91,28 +109,53 @@ impl Sim {
         let name = self.groups[g].name.clone();
         let checkpoint = self
             .store
-            .checkpoint(&name, p)
+            .checkpoint(&name, p, |_, _| None)
             .map_err(|e| violation(Clause::Core, format!("unreadable checkpoint: {e}")))?;
         self.note(
+            0,
             "assign",
             [g as u64, u64::from(p), u64::from(checkpoint.is_some()), 0],
         );
-        let r = self.input(Input::PartitionsAssigned {
-            group: name.clone(),
-            partitions: vec![Assignment {
-                partition: p,
-                earliest: self.broker.earliest(p),
-                end: self.broker.end(p),
-                checkpoint,
-            }],
-        })?;
+        let r = self.input(
+            0,
+            Input::PartitionsAssigned {
+                group: name.clone(),
+                partitions: vec![Assignment {
+                    partition: p,
+                    earliest: self.broker.earliest(p),
+                    end: self.broker.end(p),
+                    checkpoint,
+                }],
+            },
+        )?;
         if r != Some(Response::Ok) {
             return Err(violation(
                 Clause::Core,
                 format!("reassign {name}/{p} answered {r:?}"),
             ));
         }
-        self.checker.assigned(&name, p);
-        self.drain()
+        self.check(0).assigned(&name, p);
+        self.drain(0)
+    }
+
+    /// Kafka world: one owned lane drawn from the seed moves to a member drawn from the
+    /// seed (its owner must be able to take part: alive, not a zombie).
+    fn move_one_lane(&mut self) -> Result<(), Violation> {
+        let eligible = self.eligible();
+        let owned: Vec<_> = (0..self.groups.len())
+            .flat_map(|g| (0..self.opt.partitions).map(move |p| (g, p)))
+            .filter(|&lane| {
+                self.coordinator
+                    .owner(lane)
+                    .is_some_and(|o| eligible.contains(&o))
+            })
+            .collect();
+        if owned.is_empty() {
+            return Ok(());
+        }
+        let lane = owned[self.kafka_rng.index(owned.len())];
+        let to = eligible[self.kafka_rng.index(eligible.len())];
+        self.faults.rebalances += 1;
+        self.move_lane(lane, to as usize)
     }
 }

@@ -21,11 +21,7 @@ impl Sim {
     fn retention(&mut self) -> Result<(), Violation> {
         // Retention starts once every lane's start is durable: a group that never had a
         // durable position legitimately starts at whatever is earliest then.
-        let all_pinned = self
-            .groups
-            .iter()
-            .all(|g| (0..self.opt.partitions).all(|p| self.checker.is_pinned(&g.name, p)));
-        if !all_pinned {
+        if !self.all_pinned() {
             return Ok(());
         }
         let p = self.rng.below(u64::from(self.opt.partitions)) as Partition;
@@ -36,7 +32,7 @@ impl Sim {
         }
         let to = earliest + self.rng.range(1, ((end - earliest) / 2).max(1));
         self.faults.retention_runs += 1;
-        self.note("retention", [u64::from(p), to, 0, 0]);
+        self.note(0, "retention", [u64::from(p), to, 0, 0]);
         self.broker.delete_below(p, to);
         self.checker.retention(&topic(), p, self.broker.earliest(p));
         Ok(())
