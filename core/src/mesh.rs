@@ -743,12 +743,19 @@ impl Mesh {
                     // lane takes a new lease, as a seek does, or a new record's delivery
                     // would carry the very id of the lost record's, and a late ACK of that
                     // one would settle the new record unseen (unimesh-sim, Kafka world,
-                    // seed 0). Deliveries under the old lease answer `revoked`.
+                    // seed 0). Deliveries under the old lease answer `revoked`, and the
+                    // new lease names only attempts issued from now on (seed 6370).
                     let lease = self.next_lease;
                     self.next_lease += 1;
                     group.record_lease(partition, lease);
                     if let Some(lane) = group.lanes.get_mut(&partition) {
                         lane.lease = lease;
+                        let held: Vec<Offset> = lane.entries.offsets_from(0).collect();
+                        for o in held {
+                            if let Some(e) = lane.entries.get_mut(&o) {
+                                e.first_here = e.attempts + 1;
+                            }
+                        }
                     }
                 }
             }

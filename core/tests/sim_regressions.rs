@@ -241,13 +241,15 @@ fn delivered_ids(effects: &[Effect]) -> Vec<DeliveryId> {
         .collect()
 }
 
-/// Kafka-world seed 0 (C4, and through it C1). Goal: after the broker lost its tail (an
-/// unclean leader election) and later records reuse the offsets, a new record never gets
-/// the delivery id of the lost record it replaces, so a late ACK of the lost one cannot
-/// settle the new one unseen. Method: deliver offset 0, lose the whole log (the fetch
-/// answers "out of range, end 0"), fetch a new record at offset 0 and deliver it; before
-/// the fix the lane kept its lease, the new delivery carried the old id, and the old
-/// delivery's ACK was accepted for the new record.
+/// Kafka-world seeds 0 and 6370 (C4, and through it C1). Goal: after the broker lost its
+/// tail (an unclean leader election) and later records reuse the offsets, a new record
+/// never gets the delivery id of the lost record it replaces, so a late ACK of the lost one
+/// cannot settle the new one unseen; and no id that was never issued is accepted. Method:
+/// deliver offsets 0 and 1, lose offset 1 (the fetch answers "out of range, end 1"), fetch
+/// a new record at offset 1 and deliver it. Before the fix (seed 0) the lane kept its
+/// lease, the new delivery carried the old id, and the old delivery's ACK was accepted for
+/// the new record; with a new lease alone (seed 6370) offset 0, delivered under the old
+/// lease, still took an id of the new lease that was never issued.
 #[test]
 fn seed_0_kafka_a_lost_tail_gives_the_records_reusing_its_offsets_fresh_ids() {
     let mut mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).unwrap();
@@ -262,7 +264,7 @@ fn seed_0_kafka_a_lost_tail_gives_the_records_reusing_its_offsets_fresh_ids() {
             partitions: vec![Assignment {
                 partition: 0,
                 earliest: 0,
-                end: 1,
+                end: 2,
                 checkpoint: None,
             }],
         },
@@ -274,21 +276,28 @@ fn seed_0_kafka_a_lost_tail_gives_the_records_reusing_its_offsets_fresh_ids() {
         fetch_id,
         result,
     };
-    let _ = mesh.handle(1, fetched(fetch_id, FetchResult::Records(vec![record(0)])));
+    let ack = |id| Input::Ack {
+        group: group(),
+        ids: vec![id],
+    };
     let poll = || Input::ClientPoll {
         group: group(),
         client: ClientId::new("c").unwrap(),
-        max: 1,
+        max: 2,
     };
+    let two = FetchResult::Records(vec![record(0), record(1)]);
+    let _ = mesh.handle(1, fetched(fetch_id, two));
     let _ = mesh.handle(1, poll());
     let first = effects(&mut mesh);
-    let old = delivered_ids(&first)[0];
-    // The broker lost offset 0: the next fetch (from 1) hears "out of range, end 0".
+    let ids = delivered_ids(&first);
+    let (kept, old) = (ids[0], ids[1]);
+    assert_eq!((kept.offset, old.offset), (0, 1));
+    // The broker lost offset 1: the next fetch (from 2) hears "out of range, end 1".
     let (fetch_id, from) = last_fetch(&first).unwrap();
-    assert_eq!(from, 1);
+    assert_eq!(from, 2);
     let lost = FetchResult::OutOfRange {
         earliest: 0,
-        end: 0,
+        end: 1,
     };
     let _ = mesh.handle(2, fetched(fetch_id, lost));
     let after = effects(&mut mesh);
@@ -296,15 +305,24 @@ fn seed_0_kafka_a_lost_tail_gives_the_records_reusing_its_offsets_fresh_ids() {
         e,
         Effect::Skipped {
             reason: SkipReason::BrokerTruncated,
-            from: 0,
-            to: 1,
+            from: 1,
+            to: 2,
             ..
         }
     )));
-    // A new record at offset 0, delivered.
+    // Offset 0, delivered under the old lease, takes no id of the new one.
+    let never_issued = DeliveryId {
+        lease: old.lease + 1,
+        ..kept
+    };
+    assert_eq!(
+        mesh.handle(2, ack(never_issued)),
+        Response::Settled(vec![Settle::Rejected(RejectReason::Unknown)])
+    );
+    // A new record at offset 1, delivered.
     let (fetch_id, from) = last_fetch(&after).unwrap();
-    assert_eq!(from, 0);
-    let mut replacement = record(0);
+    assert_eq!(from, 1);
+    let mut replacement = record(1);
     replacement.meta = RecordMeta::Event(std::sync::Arc::new(EventMeta {
         id: "a-new-record".into(),
         ty: "t".into(),
@@ -317,24 +335,17 @@ fn seed_0_kafka_a_lost_tail_gives_the_records_reusing_its_offsets_fresh_ids() {
     let _ = mesh.handle(3, poll());
     let new = delivered_ids(&effects(&mut mesh));
     assert_eq!(new.len(), 1, "the new record is delivered");
+    assert_eq!(new[0].offset, 1);
     assert_ne!(new[0], old, "the new record has an id of its own");
-    // The lost record's late ACK settles nothing.
-    let r = mesh.handle(
-        4,
-        Input::Ack {
-            group: group(),
-            ids: vec![old],
-        },
+    // The lost record's late ACK settles nothing; the new record's own ACK does.
+    assert_ne!(
+        mesh.handle(4, ack(old)),
+        Response::Settled(vec![Settle::Accepted])
     );
-    assert_ne!(r, Response::Settled(vec![Settle::Accepted]));
-    let r = mesh.handle(
-        4,
-        Input::Ack {
-            group: group(),
-            ids: vec![new[0]],
-        },
+    assert_eq!(
+        mesh.handle(4, ack(new[0])),
+        Response::Settled(vec![Settle::Accepted])
     );
-    assert_eq!(r, Response::Settled(vec![Settle::Accepted]));
 }
 
 /// Kafka-world seed 84 (C1). Goal: a lane that starts from a checkpoint with ACK ranges
