@@ -19,12 +19,18 @@
 //!   (publishing, fetches), `store`, `clients`, `faults/` (crash and restart, rebalance,
 //!   operator seek and replay, retention, clock jumps), `liveness` (the end of faults,
 //!   convergence), `report` (what a run reports, its digest).
-//! - [`model`]: the broker, store and clients the harness runs the core against.
+//! - [`model`]: the broker, store, group coordinator and clients the harness runs the core
+//!   against.
 //! - [`faults`]: fault counts and fetch distortions; [`options`]: the options a seed draws
 //!   (swarm testing); [`rng`]: the seeded RNG; [`trace`]: the trace hash and last steps;
 //!   [`sweep`]: many seeds on a few threads, and the list of recorded hashes.
 //!
-//! `cargo run -p unimesh-sim --release -- --seeds N [--from S]` sweeps seeds;
+//! Two worlds (see [`options`]): the classic one (one mesh over a tidy log, what the
+//! recorded trace hashes hold to) and the Kafka world (several meshes sharing a broker with
+//! offset gaps, compaction, lost tails, a group coordinator and zombies, a store that
+//! answers out of order), which `cargo test` and the long mode run.
+//!
+//! `cargo run -p unimesh-sim --release -- --seeds N [--from S] [--classic]` sweeps seeds;
 //! `UNIMESH_SEED=<seed>` replays one (see `tests/seeds.rs`);
 //! `--check-hashes sim/tests/trace_hashes.txt` holds every seed of the list to the trace
 //! hash and digest recorded before the core and the simulation were split (a refactor must
@@ -43,4 +49,4 @@ pub mod trace;
 
 pub use checker::{Checker, Clause, SettleKind, Violation};
 pub use harness::{run, run_seed, run_seed_classic, Failure, RunReport};
-pub use options::{Options, Size};
+pub use options::{KafkaOptions, Options, Size, World};

@@ -1,22 +1,24 @@
-//! `unimesh-sim --seeds N [--from S] [--jobs J] [--small]`: sweep seeds, print progress,
-//! rates and fault counts; on a failure print the seed, the clause and a short trace.
+//! `unimesh-sim --seeds N [--from S] [--jobs J] [--small] [--classic]`: sweep seeds of the
+//! Kafka world (of the classic world with `--classic`), print progress, rates and fault
+//! counts; on a failure print the seed, the clause and a short trace.
 //!
-//! `--hashes` prints `seed trace-hash digest` per seed instead (the list that
-//! `sim/tests/trace_hashes.txt` keeps); `--check-hashes FILE` runs the seeds of such a list
-//! and fails on the first that differs (a refactor of the core or the harness must keep
-//! every one).
+//! `--hashes` prints `seed trace-hash digest` per seed of the classic world instead (the
+//! list that `sim/tests/trace_hashes.txt` keeps); `--check-hashes FILE` runs the seeds of
+//! such a list in the classic world and fails on the first that differs (a refactor of the
+//! core or the harness must keep every one).
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use unimesh_sim::options::{Options, Size};
-use unimesh_sim::sweep::sweep;
+use unimesh_sim::options::{Size, World};
+use unimesh_sim::sweep::sweep_world;
 
 struct Args {
     seeds: u64,
     from: u64,
     jobs: usize,
     size: Size,
+    world: World,
     hashes: bool,
     check: Option<String>,
 }
@@ -27,6 +29,7 @@ fn parse() -> Result<Args, String> {
         from: 0,
         jobs: 1,
         size: Size::Normal,
+        world: World::Kafka,
         hashes: false,
         check: None,
     };
@@ -42,12 +45,13 @@ fn parse() -> Result<Args, String> {
             "--from" => args.from = number("--from")?,
             "--jobs" => args.jobs = number("--jobs")?.clamp(1, 64) as usize,
             "--small" => args.size = Size::Small,
+            "--classic" => args.world = World::Classic,
             "--hashes" => args.hashes = true,
             "--check-hashes" => {
                 args.check = Some(it.next().ok_or("--check-hashes needs a file")?);
             }
             "-h" | "--help" => {
-                return Err("usage: unimesh-sim [--seeds N] [--from S] [--jobs J] [--small] [--hashes | --check-hashes FILE]".into())
+                return Err("usage: unimesh-sim [--seeds N] [--from S] [--jobs J] [--small] [--classic] [--hashes | --check-hashes FILE]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -77,23 +81,31 @@ fn main() -> ExitCode {
         return print_hashes(args.from, args.seeds, args.size, args.jobs);
     }
     println!(
-        "unimesh-sim: seeds {}..{} size={:?} jobs={}",
+        "unimesh-sim: seeds {}..{} world={:?} size={:?} jobs={}",
         args.from,
         args.from.saturating_add(args.seeds),
+        args.world,
         args.size,
         args.jobs
     );
     // The options of the first seed, as an example of what a seed decides.
-    print!("{}", Options::swarm(args.from, args.size));
+    print!("{}", args.world.options(args.from, args.size));
     let start = Instant::now();
-    let (totals, failure) = sweep(args.from, args.seeds, args.size, args.jobs, |t, secs| {
-        println!(
-            "  {:>8} seeds  {:>8.0} seeds/s  {:>10.0} steps/s",
-            t.seeds,
-            t.seeds as f64 / secs,
-            t.steps as f64 / secs
-        );
-    });
+    let (totals, failure) = sweep_world(
+        args.from,
+        args.seeds,
+        args.size,
+        args.world,
+        args.jobs,
+        |t, secs| {
+            println!(
+                "  {:>8} seeds  {:>8.0} seeds/s  {:>10.0} steps/s",
+                t.seeds,
+                t.seeds as f64 / secs,
+                t.steps as f64 / secs
+            );
+        },
+    );
     let secs = start.elapsed().as_secs_f64();
     println!(
         "{} seeds passed in {:.1}s: {:.0} seeds/s, {} steps ({:.0} steps/s), {} records, {} deliveries",
@@ -108,6 +120,10 @@ fn main() -> ExitCode {
     println!(
         "  repeated first attempts (crash/rebalance duplicates) {}, late ACKs accepted {}, stale ids refused {}, dead letters {}",
         totals.repeated_first_attempts, totals.late_acks, totals.stale_rejected, totals.dead_letters
+    );
+    println!(
+        "  zombie deliveries {}, deliveries of records the broker lost {}, lost tails reported {}, offsets done by absence {}",
+        totals.zombie_deliveries, totals.lost_deliveries, totals.truncations_reported, totals.done_by_absence
     );
     println!("faults injected: {}", totals.faults);
     match failure {

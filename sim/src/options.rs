@@ -21,6 +21,23 @@ use unimesh_core::{Backoff, Filter, Millis, Ordering};
 
 use crate::rng::Rng;
 
+/// Which world a seed runs in (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum World {
+    Classic,
+    Kafka,
+}
+
+impl World {
+    /// The options a seed draws in this world.
+    pub fn options(self, seed: u64, size: Size) -> Options {
+        match self {
+            World::Classic => Options::swarm_classic(seed, size),
+            World::Kafka => Options::swarm(seed, size),
+        }
+    }
+}
+
 /// How big a run is. Tests use `Small` to stay fast in debug builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Size {

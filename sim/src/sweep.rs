@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::faults::FaultCounts;
-use crate::harness::{run_seed, Failure};
-use crate::options::Size;
+use crate::harness::{run, Failure};
+use crate::options::{Size, World};
 
 /// Totals over a sweep.
 #[derive(Clone, Debug, Default)]
@@ -19,15 +19,33 @@ pub struct Totals {
     pub late_acks: u64,
     pub stale_rejected: u64,
     pub dead_letters: u64,
+    pub zombie_deliveries: u64,
+    pub lost_deliveries: u64,
+    pub truncations_reported: u64,
+    pub done_by_absence: u64,
     pub faults: FaultCounts,
 }
 
-/// Runs seeds `from..from + count` on `jobs` threads. Returns the totals and the failure
-/// with the lowest seed, if any (the sweep stops handing out seeds after a failure).
+/// Runs seeds `from..from + count` of the Kafka world on `jobs` threads (see
+/// [`sweep_world`]).
 pub fn sweep(
     from: u64,
     count: u64,
     size: Size,
+    jobs: usize,
+    progress: impl FnMut(&Totals, f64) + Send,
+) -> (Totals, Option<Failure>) {
+    sweep_world(from, count, size, World::Kafka, jobs, progress)
+}
+
+/// Runs seeds `from..from + count` of `world` on `jobs` threads. Returns the totals and
+/// the failure with the lowest seed, if any (the sweep stops handing out seeds after a
+/// failure).
+pub fn sweep_world(
+    from: u64,
+    count: u64,
+    size: Size,
+    world: World,
     jobs: usize,
     mut progress: impl FnMut(&Totals, f64) + Send,
 ) -> (Totals, Option<Failure>) {
@@ -48,7 +66,7 @@ pub fn sweep(
                 if seed >= end {
                     return;
                 }
-                match run_seed(seed, size) {
+                match run(world.options(seed, size)) {
                     Ok(r) => {
                         let snapshot = {
                             let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
@@ -60,6 +78,10 @@ pub fn sweep(
                             t.late_acks += r.stats.late_acks_accepted;
                             t.stale_rejected += r.stats.stale_rejected;
                             t.dead_letters += r.dead_letters as u64;
+                            t.zombie_deliveries += r.stats.zombie_deliveries;
+                            t.lost_deliveries += r.stats.lost_deliveries;
+                            t.truncations_reported += r.stats.truncations_reported;
+                            t.done_by_absence += r.stats.done_by_absence;
                             t.faults += &r.faults;
                             (t.seeds % 1000 == 0).then(|| t.clone())
                         };

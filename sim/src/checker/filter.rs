@@ -128,6 +128,55 @@ mod tests {
         }));
     }
 
+    /// Goal: the model and the core's matcher agree (a disagreement is a bug in one of
+    /// them, and the simulation would report it as C7 or C1). Method: many random filters
+    /// against many random events over small alphabets, so conditions often hold.
+    #[test]
+    fn agrees_with_the_cores_matcher_on_random_filters_and_events() {
+        let mut rng = crate::rng::Rng::new(9);
+        let words = ["", "a", "a.", "a.b", "eu", "eu/", "eu/1", "é", "éu", "k1"];
+        let pick = |rng: &mut crate::rng::Rng| words[rng.index(words.len())].to_string();
+        let maybe = |rng: &mut crate::rng::Rng| rng.chance(0.4).then(|| pick(rng));
+        let some_of = |rng: &mut crate::rng::Rng, names: &[&str], p: f64| {
+            let mut v: Vec<(String, String)> = Vec::new();
+            for k in names {
+                if rng.chance(p) {
+                    v.push((k.to_string(), pick(rng)));
+                }
+            }
+            v.sort();
+            v
+        };
+        let mut agreed = [0u32; 2];
+        for _ in 0..20_000 {
+            let extensions = some_of(&mut rng, &["region", "tier"], 0.5);
+            let m = EventMeta {
+                id: "e".into(),
+                source: pick(&mut rng),
+                ty: pick(&mut rng),
+                subject: maybe(&mut rng),
+                partition_key: maybe(&mut rng),
+                extensions,
+            };
+            let conditions = some_of(&mut rng, &["region", "tier", "partitionkey", "x"], 0.2);
+            let f = Filter {
+                ty: maybe(&mut rng),
+                type_prefix: maybe(&mut rng),
+                source: maybe(&mut rng),
+                subject: maybe(&mut rng),
+                subject_prefix: maybe(&mut rng),
+                extensions: conditions,
+            };
+            let ours = admits(&f, &m);
+            assert_eq!(ours, f.matches(&m), "{f:?} on {m:?}");
+            agreed[usize::from(ours)] += 1;
+        }
+        assert!(
+            agreed[0] > 100 && agreed[1] > 100,
+            "both answers occur: {agreed:?}"
+        );
+    }
+
     #[test]
     fn an_absent_attribute_satisfies_nothing() {
         let mut m = event();

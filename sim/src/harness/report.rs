@@ -53,9 +53,14 @@ impl std::fmt::Display for Failure {
         } else {
             ""
         };
+        let world = if self.options.contains("world: classic") {
+            "UNIMESH_WORLD=classic "
+        } else {
+            ""
+        };
         write!(
             f,
-            "replay with: UNIMESH_SEED={} {size}cargo test -p unimesh-sim replay_seed -- --nocapture",
+            "replay with: UNIMESH_SEED={} {size}{world}cargo test -p unimesh-sim replay_seed -- --nocapture",
             self.seed
         )
     }
