@@ -2205,12 +2205,14 @@ fn out_of_range(
             not_done,
             reason: SkipReason::BrokerTruncated,
         });
-    } else if lane.progress.done_end() > end {
-        // The lane never fetched past `end` but holds offsets above it as done (ACK ranges
-        // of the checkpoint it started from): the broker lost them, and they will name new
-        // records. Forget them, or those records would be skipped as done (unimesh-sim,
-        // Kafka world, seed 84). The fetch goes on from the cursor.
-        let to = lane.progress.done_end();
+    } else if lane.progress.done_end() > end || lane.ledger.range(end..).next().is_some() {
+        // The lane never fetched past `end` but knows offsets above it (ACK ranges and
+        // attempt counts of the checkpoint it started from): the broker lost them, and they
+        // will name new records. Forget them, or those records would be skipped as done
+        // (unimesh-sim, Kafka world, seed 84) or dead-lettered as out of attempts (seed
+        // 18305). The fetch goes on from the cursor.
+        let last_attempted = lane.ledger.last_key_value().map_or(0, |(&o, _)| o + 1);
+        let to = lane.progress.done_end().max(last_attempted);
         lane.progress.truncate_from(end);
         let _forgotten_above_end = lane.ledger.split_off(&end);
         lane.rewound = true;

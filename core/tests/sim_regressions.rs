@@ -497,3 +497,81 @@ fn seed_2357_kafka_a_gap_takes_the_attempt_count_of_its_offsets_with_it() {
         "the checkpoint reads back"
     );
 }
+
+/// Kafka-world seed 18305 (C5). Goal: a lane forgets the attempt counts the broker's lost
+/// tail took with it, so a new record reusing the offset starts at attempt 1. Method: a
+/// group of two attempts starts from a checkpoint recording two attempts for offset 1;
+/// the broker loses offset 1 (the fetch hears "out of range, end 1"); a new record at 1
+/// follows. Before the fix the lane kept the count and dead-lettered the new record at
+/// once, never delivered.
+#[test]
+fn seed_18305_kafka_a_lost_tail_takes_its_attempt_counts_with_it() {
+    let mut mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).unwrap();
+    let (t, _) = persist_ticket(&effects(&mut mesh)).unwrap();
+    let _ = mesh.handle(0, Input::Persisted { ticket: t });
+    let mut spec = SubscriptionSpec::new(group(), TopicName::new("t").unwrap());
+    spec.max_attempts = 2;
+    assert_eq!(mesh.handle(0, Input::Subscribe(spec)), Response::Ok);
+    let _ = mesh.handle(
+        0,
+        Input::PartitionsAssigned {
+            group: group(),
+            partitions: vec![Assignment {
+                partition: 0,
+                earliest: 0,
+                end: 2,
+                checkpoint: Some(Checkpoint {
+                    progress: Progress::new(0),
+                    attempts: vec![(1, 2)],
+                }),
+            }],
+        },
+    );
+    let (fetch_id, _) = last_fetch(&effects(&mut mesh)).unwrap();
+    let fetched = |fetch_id, result| Input::Fetched {
+        group: group(),
+        partition: 0,
+        fetch_id,
+        result,
+    };
+    let lost = FetchResult::OutOfRange {
+        earliest: 0,
+        end: 1,
+    };
+    let _ = mesh.handle(1, fetched(fetch_id, lost));
+    let after = effects(&mut mesh);
+    let fetch_id = match last_fetch(&after) {
+        Some((fetch_id, _)) => fetch_id,
+        None => {
+            let _ = mesh.handle(1_000, Input::Tick);
+            last_fetch(&effects(&mut mesh))
+                .expect("the lane fetches again")
+                .0
+        }
+    };
+    let mut replacement = record(1);
+    replacement.meta = RecordMeta::Event(std::sync::Arc::new(EventMeta {
+        id: "a-new-record".into(),
+        ty: "t".into(),
+        ..EventMeta::default()
+    }));
+    let records = FetchResult::Records(vec![record(0), replacement]);
+    let _ = mesh.handle(1_000, fetched(fetch_id, records));
+    let _ = mesh.handle(
+        1_000,
+        Input::ClientPoll {
+            group: group(),
+            client: ClientId::new("c").unwrap(),
+            max: 10,
+        },
+    );
+    let out = effects(&mut mesh);
+    let delivered: Vec<(Offset, u32)> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Deliver { delivery, .. } => Some((delivery.record.offset, delivery.attempt)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered, vec![(0, 1), (1, 1)], "{out:?}");
+}
