@@ -13,9 +13,6 @@ const RING: usize = 48;
 pub struct Entry {
     pub step: u64,
     pub now: Millis,
-    /// The instance the step happened at (0 in a one-mesh world; mixed into the hash only
-    /// when not 0, so one-mesh traces hash as they always did).
-    pub node: u32,
     pub what: &'static str,
     pub args: [u64; 4],
 }
@@ -24,15 +21,8 @@ impl fmt::Display for Entry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "#{:<7} t={:<7} n{} {:<16} {} {} {} {}",
-            self.step,
-            self.now,
-            self.node,
-            self.what,
-            self.args[0],
-            self.args[1],
-            self.args[2],
-            self.args[3]
+            "#{:<7} t={:<7} {:<16} {} {} {} {}",
+            self.step, self.now, self.what, self.args[0], self.args[1], self.args[2], self.args[3]
         )
     }
 }
@@ -40,7 +30,8 @@ impl fmt::Display for Entry {
 #[derive(Clone, Debug)]
 pub struct Trace {
     hash: u64,
-    ring: VecDeque<Entry>,
+    /// The last entries, each with the instance it happened at.
+    ring: VecDeque<(u32, Entry)>,
     /// Print every entry as it happens (`UNIMESH_TRACE=1`), for debugging one seed.
     pub verbose: bool,
 }
@@ -65,6 +56,12 @@ impl Trace {
     }
 
     pub fn record(&mut self, e: Entry) {
+        self.record_at(0, e);
+    }
+
+    /// Records a step that happened at instance `node` of a cluster. The instance is mixed
+    /// into the hash only when it is not 0, so a one-mesh trace hashes as it always did.
+    pub fn record_at(&mut self, node: u32, e: Entry) {
         self.mix(e.now);
         let mut name = 0u64;
         for b in e.what.bytes() {
@@ -74,16 +71,16 @@ impl Trace {
         for a in e.args {
             self.mix(a);
         }
-        if e.node != 0 {
-            self.mix(u64::from(e.node));
+        if node != 0 {
+            self.mix(u64::from(node));
         }
         if self.verbose {
-            eprintln!("{e}");
+            eprintln!("{}", show(node, &e));
         }
         if self.ring.len() == RING {
             self.ring.pop_front();
         }
-        self.ring.push_back(e);
+        self.ring.push_back((node, e));
     }
 
     pub fn hash(&self) -> u64 {
@@ -91,8 +88,16 @@ impl Trace {
     }
 
     pub fn last(&self) -> Vec<String> {
-        self.ring.iter().map(ToString::to_string).collect()
+        self.ring.iter().map(|(n, e)| show(*n, e)).collect()
     }
+}
+
+/// One entry as printed: like its `Display`, with the instance after the time.
+fn show(node: u32, e: &Entry) -> String {
+    format!(
+        "#{:<7} t={:<7} n{node} {:<16} {} {} {} {}",
+        e.step, e.now, e.what, e.args[0], e.args[1], e.args[2], e.args[3]
+    )
 }
 
 /// FNV-1a of some bytes (the trace's own mixing, for digests of text).

@@ -38,9 +38,11 @@
 //!   with the spec the mesh was given (`StartFrom::Latest` holding the end offsets the
 //!   group starts from).
 //! - [`Checker::published`]: every record the broker acknowledged, each partition in
-//!   offset order from offset 0 (C9 fails on a gap).
+//!   offset order from offset 0 (C9 fails on a gap not announced by [`Checker::holes`]).
 //!   [`Checker::publish_answered`]: when the publisher got its answer.
 //! - [`Checker::retention`]: when the broker deleted a prefix, with the new earliest.
+//! - [`Checker::holes`], [`Checker::compacted`], [`Checker::truncated`]: see "The world of
+//!   a Kafka-protocol broker" below.
 //!
 //! Incarnations and ownership:
 //! - [`Checker::started`]: once the mesh recovered, with the epoch it uses, before its first
@@ -51,6 +53,8 @@
 //!   reassignment), before its effects. [`Checker::revoked`]: right after the revocation
 //!   was fed, before its effects.
 //! - [`Checker::sought`]: when the mesh accepted an operator seek, before its effects.
+//! - [`Checker::expired`]: when the coordinator dropped the (running) instance.
+//! - [`Checker::fetch_answered`]: after the effects of a fetch answer the mesh took.
 //!
 //!   Before feeding a revocation or a seek, fire the mesh's due timers and report their
 //!   effects: the core fires due timers at the start of every `handle`, and a flush they
@@ -119,13 +123,18 @@
 //!   honouring leader epochs sees), ACKs of lost records justify nothing, and a lane that
 //!   had delivered a lost record must report the loss (`Skipped{BrokerTruncated}`) before
 //!   its next fetch answer is through (the lane then goes on under a new lease: its
-//!   deliveries end, their ids answer `revoked`): [`Checker::fetch_answered`], after the effects of
-//!   every fetch answer the mesh took (records or out of range), says the lane now knows
-//!   every truncation so far. A checkpoint is clipped at every truncation the lane that
-//!   emitted it did not know of.
+//!   deliveries end, their ids answer `revoked`): [`Checker::fetch_answered`], after the
+//!   effects of every fetch answer the mesh took (records or out of range), says the lane
+//!   now knows every truncation so far. A checkpoint is clipped at every truncation the
+//!   lane that emitted it did not know of; a commit likewise. A lane is done once its
+//!   watermark holds every record the broker still shows (`Checker::log_target`): holes
+//!   after the last record are never seen, so the watermark need not pass them.
+//! - DLQ entries are keyed by coordinates, which a lost tail reuses: a resolution (a
+//!   replay was ACKed) removes an entry only if it still holds the record the resolving
+//!   instance replayed, as the store must (a new record's dead letter written meanwhile
+//!   stays).
 //! - Filters are judged by the checker's own model (`filter`), never by the core's.
-//!
-//! use std::collections::{BTreeMap, BTreeSet, HashMap};
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 

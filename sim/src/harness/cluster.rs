@@ -63,7 +63,7 @@ impl Sim {
         let broker = &self.broker;
         let checkpoint = self
             .store
-            .checkpoint(&name, p, |p, e| broker.divergence(p, e))
+            .checkpoint_read(&name, p, |p, e| broker.divergence(p, e))
             .map_err(|e| violation(Clause::Core, format!("unreadable checkpoint: {e}")))?;
         let gen = self.coordinator.assign(lane, n as u32);
         // The core takes the checkpoint it recovered at start when given none: only right
@@ -175,7 +175,7 @@ impl Sim {
             let waiting = self.nodes[f].inc == inc
                 && self
                     .store
-                    .front_ticket(f as u32)
+                    .front_ticket_for(f as u32)
                     .is_some_and(|t| t <= after);
             if waiting {
                 self.at(5, Ev::Handover { lane, from, to });
@@ -209,7 +209,7 @@ impl Sim {
         let broker = &self.broker;
         let Ok(Some(cp)) = self
             .store
-            .checkpoint(&name, p, |p, e| broker.divergence(p, e))
+            .checkpoint_read(&name, p, |p, e| broker.divergence(p, e))
         else {
             return Ok(());
         };

@@ -228,7 +228,7 @@ impl Sim {
                 }));
             }
         }
-        self.store.submit(n as u32, ticket, batch, stamps);
+        self.store.submit_for(n as u32, ticket, batch, stamps);
         self.kick_store(n);
         Ok(())
     }

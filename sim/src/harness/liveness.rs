@@ -70,7 +70,7 @@ impl Sim {
                 return false;
             };
             if mesh.outstanding_persists() > 0
-                || self.store.has_pending(n as u32)
+                || self.store.has_pending_for(n as u32)
                 || node.answers_pending > 0
             {
                 return false;

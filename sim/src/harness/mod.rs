@@ -276,13 +276,13 @@ impl Sim {
 
     /// Records one step of node `n` in the trace (its hash and the ring of last steps).
     fn note(&mut self, n: usize, what: &'static str, args: [u64; 4]) {
-        self.trace.record(Entry {
+        let e = Entry {
             step: self.steps,
             now: self.now,
-            node: n as u32,
             what,
             args,
-        });
+        };
+        self.trace.record_at(n as u32, e);
     }
 
     /// The run loop: events in time order until the run converges after faults stopped, a

@@ -15,7 +15,7 @@ impl Sim {
     /// Starts the store on node `n`'s next batch unless it is busy or has none.
     pub(super) fn kick_store(&mut self, n: usize) {
         let node = &self.nodes[n];
-        if !node.store_busy && self.store.has_pending(n as u32) {
+        if !node.store_busy && self.store.has_pending_for(n as u32) {
             self.nodes[n].store_busy = true;
             let lat = self.broker_rng.range(0, self.opt.faults.persist_latency_ms);
             let inc = self.nodes[n].inc;
@@ -31,7 +31,7 @@ impl Sim {
         }
         self.nodes[n].store_busy = false;
         if !self.liveness && self.rng.chance(self.opt.faults.persist_fail) {
-            if let Some(ticket) = self.store.fail_front(n as u32) {
+            if let Some(ticket) = self.store.fail_front_for(n as u32) {
                 self.faults.persist_failures += 1;
                 self.note(n, "persist-failed", [ticket, 0, 0, 0]);
                 self.check(n).persist_failed(ticket);
@@ -40,7 +40,7 @@ impl Sim {
         } else {
             let coordinator = &self.coordinator;
             let groups = &self.groups;
-            let front = self.store.apply_front(n as u32, |g, p, gen| {
+            let front = self.store.apply_front_for(n as u32, |g, p, gen| {
                 groups
                     .iter()
                     .position(|x| x.name == *g)

@@ -79,7 +79,7 @@ pub fn clip(c: &mut Checkpoint, end: Offset) {
 impl Store {
     /// Queues a batch of `node`; `stamps` has one entry per checkpoint (or none at all,
     /// for a shell that never fences nor clips).
-    pub fn submit(
+    pub fn submit_for(
         &mut self,
         node: NodeId,
         ticket: Ticket,
@@ -93,17 +93,17 @@ impl Store {
         });
     }
 
-    pub fn has_pending(&self, node: NodeId) -> bool {
+    pub fn has_pending_for(&self, node: NodeId) -> bool {
         self.pending.get(&node).is_some_and(|q| !q.is_empty())
     }
 
-    pub fn front_ticket(&self, node: NodeId) -> Option<Ticket> {
+    pub fn front_ticket_for(&self, node: NodeId) -> Option<Ticket> {
         self.pending.get(&node)?.front().map(|p| p.ticket)
     }
 
     /// Writes the oldest pending batch of `node`, unless one of its checkpoints is fenced
     /// (`is_current(group, partition, owner_gen)` says no): then nothing of it is written.
-    pub fn apply_front(
+    pub fn apply_front_for(
         &mut self,
         node: NodeId,
         is_current: impl Fn(&GroupName, Partition, u64) -> bool,
@@ -155,12 +155,12 @@ impl Store {
 
     /// The oldest pending batch of `node` could not be written: it is dropped, nothing of
     /// it counts.
-    pub fn fail_front(&mut self, node: NodeId) -> Option<Ticket> {
+    pub fn fail_front_for(&mut self, node: NodeId) -> Option<Ticket> {
         self.pending.get_mut(&node)?.pop_front().map(|p| p.ticket)
     }
 
     /// The process of `node` died: its unapplied batches are lost.
-    pub fn crash(&mut self, node: NodeId) {
+    pub fn crash_node(&mut self, node: NodeId) {
         if let Some(q) = self.pending.get_mut(&node) {
             q.clear();
         }
@@ -168,7 +168,7 @@ impl Store {
 
     /// The checkpoint of a lane as a reader sees it: clipped where the broker lost its
     /// tail since the leader epoch it was written in (`divergence(partition, epoch)`).
-    pub fn checkpoint(
+    pub fn checkpoint_read(
         &self,
         g: &GroupName,
         p: Partition,
@@ -181,8 +181,8 @@ impl Store {
     }
 
     /// What an instance recovers at start: its epoch, and the cluster's subscriptions and
-    /// checkpoints (each read as [`Store::checkpoint`] does).
-    pub fn recovered(
+    /// checkpoints (each read as [`Store::checkpoint_read`] does).
+    pub fn recovered_for(
         &self,
         node: NodeId,
         divergence: impl Fn(Partition, usize) -> Option<Offset>,
@@ -207,7 +207,7 @@ impl Store {
 
     /// Up to `max` dead letters of a group, oldest key first, for a replay by `node`
     /// (remembered, to tell what a later resolution of their keys refers to).
-    pub fn dead_letters(
+    pub fn dead_letters_for(
         &mut self,
         node: NodeId,
         g: &GroupName,
@@ -233,6 +233,56 @@ impl Store {
 
     pub fn dlq_len(&self) -> usize {
         self.dlq.len()
+    }
+
+    // The store as one mesh sees it (instance 0, nothing fenced or clipped): what a
+    // harness of a single mesh uses.
+
+    pub fn submit(&mut self, ticket: Ticket, batch: PersistBatch) {
+        self.submit_for(0, ticket, batch, Vec::new());
+    }
+
+    pub fn has_pending(&self) -> bool {
+        self.has_pending_for(0)
+    }
+
+    pub fn front_ticket(&self) -> Option<Ticket> {
+        self.front_ticket_for(0)
+    }
+
+    /// Makes the oldest pending batch durable and returns it.
+    pub fn apply_front(&mut self) -> Option<(Ticket, PersistBatch)> {
+        match self.apply_front_for(0, |_, _, _| true)? {
+            Front::Applied(ticket, batch) => Some((ticket, batch)),
+            Front::Fenced(_) => None,
+        }
+    }
+
+    /// The oldest pending batch could not be written: it is dropped, nothing of it counts.
+    pub fn fail_front(&mut self) -> Option<Ticket> {
+        self.fail_front_for(0)
+    }
+
+    /// The process died: unapplied batches are lost.
+    pub fn crash(&mut self) {
+        self.crash_node(0);
+    }
+
+    pub fn checkpoint(
+        &self,
+        g: &GroupName,
+        p: Partition,
+    ) -> Result<Option<Checkpoint>, CheckpointError> {
+        self.checkpoint_read(g, p, |_, _| None)
+    }
+
+    pub fn recovered(&self) -> Result<Recovered, CheckpointError> {
+        self.recovered_for(0, |_, _| None)
+    }
+
+    /// Up to `max` dead letters of a group, oldest key first, for a replay.
+    pub fn dead_letters(&mut self, g: &GroupName, max: usize) -> Vec<(Partition, Record)> {
+        self.dead_letters_for(0, g, max)
     }
 }
 
@@ -277,21 +327,28 @@ mod tests {
             owner_gen,
             leader_epoch,
         };
-        s.submit(0, 1, batch(lane(4, &[(6, 9)])), vec![stamp(1, 0)]);
-        s.submit(1, 1, batch(lane(2, &[])), vec![stamp(1, 0)]);
+        s.submit_for(0, 1, batch(lane(4, &[(6, 9)])), vec![stamp(1, 0)]);
+        s.submit_for(1, 1, batch(lane(2, &[])), vec![stamp(1, 0)]);
         let current = |_: &GroupName, _: Partition, gen: u64| gen >= 2;
-        assert!(matches!(s.apply_front(1, current), Some(Front::Fenced(1))));
         assert!(matches!(
-            s.apply_front(0, |_, _, _| true),
+            s.apply_front_for(1, current),
+            Some(Front::Fenced(1))
+        ));
+        assert!(matches!(
+            s.apply_front_for(0, |_, _, _| true),
             Some(Front::Applied(1, _))
         ));
         let g = GroupName::new("g").unwrap();
         let never = |_: Partition, _: usize| None;
         let lost_at_7 = |_: Partition, epoch: usize| (epoch == 0).then_some(7);
-        let c = s.checkpoint(&g, 0, never).unwrap().unwrap();
+        let c = s.checkpoint_read(&g, 0, never).unwrap().unwrap();
         assert_eq!(c.progress.ranges().collect::<Vec<_>>(), vec![(6, 9)]);
-        let c = s.checkpoint(&g, 0, lost_at_7).unwrap().unwrap();
+        let c = s.checkpoint_read(&g, 0, lost_at_7).unwrap().unwrap();
         assert_eq!(c.progress.ranges().collect::<Vec<_>>(), vec![(6, 7)]);
-        assert_eq!(s.recovered(0, never).unwrap().checkpoints.len(), 1);
+        assert_eq!(s.recovered_for(0, never).unwrap().checkpoints.len(), 1);
+        assert_eq!(
+            s.checkpoint(&g, 0).unwrap(),
+            s.checkpoint_read(&g, 0, never).unwrap()
+        );
     }
 }

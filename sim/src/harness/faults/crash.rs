@@ -43,7 +43,7 @@ impl Sim {
             // batch never reaches it).
             let coordinator = &self.coordinator;
             let groups = &self.groups;
-            let front = self.store.apply_front(n as u32, |g, p, gen| {
+            let front = self.store.apply_front_for(n as u32, |g, p, gen| {
                 groups
                     .iter()
                     .position(|x| x.name == *g)
@@ -60,7 +60,7 @@ impl Sim {
         }
         let inc = self.nodes[n].inc;
         self.note(n, "crash", [u64::from(inc), 0, 0, 0]);
-        self.store.crash(n as u32);
+        self.store.crash_node(n as u32);
         let node = &mut self.nodes[n];
         node.mesh = None;
         node.store_busy = false;
@@ -96,7 +96,7 @@ impl Sim {
         let broker = &self.broker;
         let recovered = self
             .store
-            .recovered(n as u32, |p, e| broker.divergence(p, e))
+            .recovered_for(n as u32, |p, e| broker.divergence(p, e))
             .map_err(|e| {
                 violation(
                     Clause::Core,

@@ -79,7 +79,7 @@ impl Sim {
         let g = self.rng.index(self.groups.len());
         let name = self.groups[g].name.clone();
         let max = self.rng.range(1, 6) as usize;
-        let records = self.store.dead_letters(n as u32, &name, max);
+        let records = self.store.dead_letters_for(n as u32, &name, max);
         if records.is_empty() {
             return Ok(());
         }

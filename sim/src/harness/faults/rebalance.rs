@@ -34,7 +34,7 @@ impl Sim {
         }
         if self
             .store
-            .front_ticket(0)
+            .front_ticket_for(0)
             .is_some_and(|t| t <= after_ticket)
         {
             // The shell waits until what the old owner wrote is durable, then reads it.
@@ -109,7 +109,7 @@ impl Sim {
         let name = self.groups[g].name.clone();
         let checkpoint = self
             .store
-            .checkpoint(&name, p, |_, _| None)
+            .checkpoint_read(&name, p, |_, _| None)
             .map_err(|e| violation(Clause::Core, format!("unreadable checkpoint: {e}")))?;
         self.note(
             0,
