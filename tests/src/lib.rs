@@ -9,7 +9,7 @@
 //!   ([`Server::terminate`]) and started again on the same data ([`Server::restart`]).
 //! - [`Call`]/[`Resp`] are a small blocking HTTP client (ureq) that never turns a status into
 //!   an error, so every test can assert on statuses and bodies; [`Server`] has helpers for
-//!   the routes of DESIGN.md §5.1 (publish in each mode, subscribe, poll, ACK/NACK/extend,
+//!   the routes of docs/DESIGN.md §5.1 (publish in each mode, subscribe, poll, ACK/NACK/extend,
 //!   admin).
 //!
 //! Nothing here asserts on time: waits are bounded loops whose bound only turns a hang into a
@@ -296,7 +296,7 @@ impl Resp {
         self.json()
     }
 
-    /// Asserts a DESIGN.md §5.1 error: this status, a JSON object of exactly two strings
+    /// Asserts a docs/DESIGN.md §5.1 error: this status, a JSON object of exactly two strings
     /// `error` (this code) and `message` (not empty). Returns the message.
     pub fn expect_error(&self, status: u16, code: &str) -> String {
         self.expect(status);
