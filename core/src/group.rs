@@ -25,10 +25,6 @@ pub(crate) struct Client {
     pub idle_at: Option<Millis>,
     /// It is in the group's `ready_clients`.
     pub listed: bool,
-    /// When its `ClientIdle` timer is due: at or before `idle_at`. The timer is armed once
-    /// and left alone while the client goes busy and idle again (every cycle for a client
-    /// taking one record at a time); when it fires early it moves to `idle_at`.
-    pub idle_deadline: Option<Millis>,
     /// The group's `max_in_flight_per_client` when it last received a delivery. Lowering
     /// the limit revokes nothing: the client may hold up to this until it ACKs down.
     pub limit_at_delivery: u32,
@@ -102,8 +98,6 @@ pub(crate) struct AckDeadlines {
     pub moved: BTreeSet<(Millis, Partition, Offset)>,
     /// How many FIFO entries are live.
     pub live: usize,
-    /// When the timer table holds this group's `Acks` timer: always `next_due()`.
-    pub armed: Option<Millis>,
 }
 
 /// Dead FIFO entries tolerated beyond one per live one before compaction.

@@ -26,8 +26,8 @@ pub(crate) enum EntryState {
         seq: u64,
         moved: bool,
     },
-    /// Waiting out a redelivery backoff.
-    Backoff { until: Millis },
+    /// Waiting out a redelivery backoff (its `Backoff` timer says until when).
+    Backoff,
 }
 
 #[derive(Clone, Debug)]
@@ -373,7 +373,8 @@ impl Ready {
 pub(crate) enum FetchState {
     Idle,
     Outstanding(FetchId),
-    RetryAt(Millis),
+    /// Waiting for its `FetchRetry` timer.
+    Retrying,
 }
 
 /// Records sharing a key: the head is the one in progress, the rest wait in offset order.

@@ -18,6 +18,7 @@ pub mod mesh;
 pub mod progress;
 pub mod ratelimit;
 pub mod record;
+mod timers;
 pub mod types;
 
 pub use checkpoint::{Checkpoint, CheckpointError};

@@ -29,33 +29,8 @@ use crate::io::{
 };
 use crate::lane::{Entry, EntryState, FetchState, KeyQueue, Lane};
 use crate::record::{Record, RecordMeta};
+use crate::timers::{Timer, TimerTable};
 use crate::types::{ClientId, Epoch, GroupName, Millis, Offset, Partition};
-
-/// Deadlines, ordered by time then by what they are for. The table is bounded by the state:
-/// timers are removed when what they guard ends, except that a group's `Acks` timer stands
-/// for its whole ACK-deadline FIFO and may be due for deliveries already settled (it then
-/// fires, finds nothing due, and moves to the next live deadline).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Timer {
-    /// The earliest ACK deadline of a group (see `AckDeadlines`).
-    Acks {
-        group: u32,
-    },
-    Backoff {
-        group: u32,
-        partition: Partition,
-        offset: Offset,
-    },
-    ClientIdle {
-        group: u32,
-        client: u32,
-    },
-    FetchRetry {
-        group: u32,
-        partition: Partition,
-    },
-    Flush,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EpochState {
@@ -167,7 +142,7 @@ struct Ctx {
     next_fetch_id: FetchId,
     /// Names each delivery in its group's ACK-deadline FIFO.
     next_seq: u64,
-    timers: BTreeSet<(Millis, Timer)>,
+    timers: TimerTable,
     effects: VecDeque<Effect>,
     dirty_lanes: Vec<(u32, Partition)>,
     touched_groups: Vec<u32>,
@@ -208,7 +183,6 @@ pub struct Mesh {
     next_generation: u64,
     next_lease: u64,
     tickets: BTreeMap<Ticket, TicketInfo>,
-    flush_deadline: Option<Millis>,
     flush_blocked: bool,
     dirty_subscriptions: BTreeSet<u32>,
     removed_groups: Vec<GroupName>,
@@ -244,7 +218,7 @@ impl Mesh {
                 next_ticket: 1,
                 next_fetch_id: 1,
                 next_seq: 1,
-                timers: BTreeSet::new(),
+                timers: TimerTable::default(),
                 effects: VecDeque::new(),
                 dirty_lanes: Vec::new(),
                 touched_groups: Vec::new(),
@@ -258,7 +232,6 @@ impl Mesh {
             next_generation: 1,
             next_lease: 1,
             tickets: BTreeMap::new(),
-            flush_deadline: None,
             flush_blocked: false,
             dirty_subscriptions: BTreeSet::new(),
             removed_groups: Vec::new(),
@@ -320,7 +293,7 @@ impl Mesh {
     /// any real deadline (an ACK deadline whose delivery was settled since, an idle client
     /// that was busy in between): such a Tick finds nothing due and moves the timer on.
     pub fn poll_timeout(&self) -> Option<Millis> {
-        self.cx.timers.first().map(|&(t, _)| t)
+        self.cx.timers.next().map(|(t, _)| t)
     }
 
     /// Feeds one input; returns the answer to it. Effects are queued for `poll_effect`.
@@ -473,18 +446,13 @@ impl Mesh {
         for p in partitions {
             drop_lane(&mut self.cx, g, &mut group, p);
         }
-        if let Some(t) = group.acks.armed.take() {
-            self.cx.timers.remove(&(t, Timer::Acks { group: g }));
-        }
+        self.cx.timers.stop(Timer::Acks { group: g });
         for (slot, c) in group.clients.iter().enumerate() {
-            if let Some(t) = c.as_ref().and_then(|c| c.idle_deadline) {
-                self.cx.timers.remove(&(
-                    t,
-                    Timer::ClientIdle {
-                        group: g,
-                        client: slot as u32,
-                    },
-                ));
+            if c.is_some() {
+                self.cx.timers.stop(Timer::ClientIdle {
+                    group: g,
+                    client: slot as u32,
+                });
             }
         }
         self.group_ids.remove(name);
@@ -522,7 +490,6 @@ impl Mesh {
                     last_active_ms: self.cx.now,
                     listed: false,
                     idle_at: None,
-                    idle_deadline: None,
                     limit_at_delivery: 0,
                 };
                 let slot = match group.free_clients.pop() {
@@ -741,14 +708,14 @@ impl Mesh {
             FetchResult::Failed { .. } => {
                 cx.stats.fetch_failures += 1;
                 let at = cx.now + cx.config.fetch_retry_ms;
-                lane.fetch = FetchState::RetryAt(at);
-                cx.timers.insert((
-                    at,
+                lane.fetch = FetchState::Retrying;
+                cx.timers.set(
                     Timer::FetchRetry {
                         group: g,
                         partition,
                     },
-                ));
+                    at,
+                );
             }
         }
         cx.touch_group(g, group);
@@ -816,19 +783,11 @@ impl Mesh {
     // ----- timers -----
 
     fn fire_timers(&mut self) {
-        while let Some(&(at, timer)) = self.cx.timers.first() {
-            if at > self.cx.now {
-                break;
-            }
-            self.cx.timers.pop_first();
+        while let Some((at, timer)) = self.cx.timers.pop_due(self.cx.now) {
             match timer {
-                Timer::Flush => {
-                    self.flush_deadline = None;
-                    self.flush();
-                }
+                Timer::Flush => self.flush(),
                 Timer::Acks { group } => {
                     if let Some(gr) = self.groups.get_mut(group as usize).and_then(Option::as_mut) {
-                        gr.acks.armed = None;
                         // In the order of the per-delivery timers this replaces.
                         for (partition, offset) in take_due_acks(gr, at) {
                             gr.stats.expired += 1;
@@ -864,15 +823,13 @@ impl Mesh {
                 Timer::ClientIdle { group, client } => {
                     if let Some(gr) = self.groups.get_mut(group as usize).and_then(Option::as_mut) {
                         if let Some(Some(c)) = gr.clients.get_mut(client as usize) {
-                            c.idle_deadline = None;
                             match c.idle_at {
                                 Some(t) if t <= at => {
                                     remove_client(&mut self.cx, group, gr, client)
                                 }
                                 Some(t) => {
                                     // Busy in between and idle again since: not yet.
-                                    c.idle_deadline = Some(t);
-                                    self.cx.timers.insert((t, timer));
+                                    self.cx.timers.set(timer, t);
                                 }
                                 None => {}
                             }
@@ -923,19 +880,16 @@ impl Mesh {
             || !self.dirty_subscriptions.is_empty()
             || !self.removed_groups.is_empty()
             || self.epoch_state == EpochState::Unsaved;
-        if pending && self.flush_deadline.is_none() && !self.flush_blocked {
+        if pending && self.cx.timers.due(Timer::Flush).is_none() && !self.flush_blocked {
             let at = self.cx.now + self.cx.config.flush_interval_ms;
-            self.flush_deadline = Some(at);
-            self.cx.timers.insert((at, Timer::Flush));
+            self.cx.timers.set(Timer::Flush, at);
         }
     }
 
     // ----- persistence -----
 
     fn flush(&mut self) {
-        if let Some(at) = self.flush_deadline.take() {
-            self.cx.timers.remove(&(at, Timer::Flush));
-        }
+        self.cx.timers.stop(Timer::Flush);
         if self.tickets.len() >= self.cx.config.max_outstanding_persists {
             self.flush_blocked = true;
             return;
@@ -1121,12 +1075,8 @@ impl Mesh {
             }
         }
         // Retry after a pause rather than at once: the store is failing.
-        if let Some(at) = self.flush_deadline.take() {
-            self.cx.timers.remove(&(at, Timer::Flush));
-        }
         let at = self.cx.now + self.cx.config.fetch_retry_ms.max(1);
-        self.flush_deadline = Some(at);
-        self.cx.timers.insert((at, Timer::Flush));
+        self.cx.timers.set(Timer::Flush, at);
         self.flush_blocked = false;
         Response::Ok
     }
@@ -1166,7 +1116,7 @@ impl Mesh {
             backoff: lane
                 .entries
                 .values()
-                .filter(|e| matches!(e.state, EntryState::Backoff { .. }))
+                .filter(|e| e.state == EntryState::Backoff)
                 .count(),
             fetch_outstanding: matches!(lane.fetch, FetchState::Outstanding(_)),
         };
@@ -1205,9 +1155,13 @@ impl Mesh {
     /// tests, the simulation and debug builds.
     pub fn check_invariants(&mut self) -> Result<(), String> {
         let cfg = &self.cx.config;
-        let mut live_timers: BTreeSet<(Millis, Timer)> = BTreeSet::new();
-        if let Some(at) = self.flush_deadline {
-            live_timers.insert((at, Timer::Flush));
+        let timers = &self.cx.timers;
+        timers.check()?;
+        // The timers the state says are armed (their deadlines are checked where the
+        // state constrains them).
+        let mut live_timers: BTreeSet<Timer> = BTreeSet::new();
+        if timers.due(Timer::Flush).is_some() {
+            live_timers.insert(Timer::Flush);
         }
         for (name, &g) in &self.group_ids {
             let group = self.groups[g as usize]
@@ -1288,15 +1242,12 @@ impl Mesh {
                                 return Err(format!("{at}/{o}: delivery seq {seq} reused"));
                             }
                         }
-                        EntryState::Backoff { until } => {
-                            live_timers.insert((
-                                until,
-                                Timer::Backoff {
-                                    group: g,
-                                    partition: p,
-                                    offset: o,
-                                },
-                            ));
+                        EntryState::Backoff => {
+                            live_timers.insert(Timer::Backoff {
+                                group: g,
+                                partition: p,
+                                offset: o,
+                            });
                         }
                         EntryState::Queued => {}
                     }
@@ -1314,14 +1265,11 @@ impl Mesh {
                 {
                     return Err(format!("{at}: ready-lane set disagrees"));
                 }
-                if let FetchState::RetryAt(t) = lane.fetch {
-                    live_timers.insert((
-                        t,
-                        Timer::FetchRetry {
-                            group: g,
-                            partition: p,
-                        },
-                    ));
+                if lane.fetch == FetchState::Retrying {
+                    live_timers.insert(Timer::FetchRetry {
+                        group: g,
+                        partition: p,
+                    });
                 }
                 for (k, q) in &lane.keys {
                     let head = lane.entries.get(&q.head);
@@ -1372,11 +1320,12 @@ impl Mesh {
             if acks.fifo.len() > 2 * cap + ACK_SLACK + 1 {
                 return Err(format!("{name}: C8 ACK FIFO holds {}", acks.fifo.len()));
             }
-            if acks.armed != acks.next_due() {
+            let acks_timer = Timer::Acks { group: g };
+            if timers.due(acks_timer) != acks.next_due() {
                 return Err(format!("{name}: ACK timer not at the earliest deadline"));
             }
-            if let Some(t) = acks.armed {
-                live_timers.insert((t, Timer::Acks { group: g }));
+            if timers.due(acks_timer).is_some() {
+                live_timers.insert(acks_timer);
             }
             for (slot, c) in group.clients.iter().enumerate() {
                 let Some(c) = c else { continue };
@@ -1398,19 +1347,16 @@ impl Mesh {
                 if c.idle_at.is_some() != (c.credit == 0 && c.in_flight == 0) {
                     return Err(format!("{name}/{}: idle state disagrees", c.id));
                 }
-                if c.idle_at
-                    .is_some_and(|t| c.idle_deadline.is_none_or(|d| d > t))
-                {
+                let idle_timer = Timer::ClientIdle {
+                    group: g,
+                    client: slot,
+                };
+                let idle_due = timers.due(idle_timer);
+                if c.idle_at.is_some_and(|t| idle_due.is_none_or(|d| d > t)) {
                     return Err(format!("{name}/{}: idle timer missing or late", c.id));
                 }
-                if let Some(t) = c.idle_deadline {
-                    live_timers.insert((
-                        t,
-                        Timer::ClientIdle {
-                            group: g,
-                            client: slot,
-                        },
-                    ));
+                if idle_due.is_some() {
+                    live_timers.insert(idle_timer);
                 }
             }
             if !held.is_empty() {
@@ -1420,11 +1366,15 @@ impl Mesh {
                 return Err(format!("{name}: ready-client set too large"));
             }
         }
-        if live_timers != self.cx.timers {
+        if !live_timers
+            .iter()
+            .copied()
+            .eq(timers.iter().map(|(_, t)| t).collect::<BTreeSet<_>>())
+        {
             return Err(format!(
                 "timer table disagrees with state: {} live, {} in table",
                 live_timers.len(),
-                self.cx.timers.len()
+                timers.len()
             ));
         }
         if self.tickets.len() > cfg.max_outstanding_persists {
@@ -1568,15 +1518,12 @@ fn retire(
             forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
             client = Some(c);
         }
-        EntryState::Backoff { until } => {
-            cx.timers.remove(&(
-                until,
-                Timer::Backoff {
-                    group: g,
-                    partition: p,
-                    offset,
-                },
-            ));
+        EntryState::Backoff => {
+            cx.timers.stop(Timer::Backoff {
+                group: g,
+                partition: p,
+                offset,
+            });
         }
         EntryState::Queued => {}
     }
@@ -1649,16 +1596,15 @@ fn end_delivery(
     if delay == 0 {
         entry.state = EntryState::Queued;
     } else {
-        let until = cx.now + delay;
-        entry.state = EntryState::Backoff { until };
-        cx.timers.insert((
-            until,
+        entry.state = EntryState::Backoff;
+        cx.timers.set(
             Timer::Backoff {
                 group: g,
                 partition: p,
                 offset,
             },
-        ));
+            cx.now + delay,
+        );
     }
     lane.offer(offset);
     cx.dirty(g, lane);
@@ -1769,15 +1715,13 @@ fn forget_deadline(
 
 /// Keeps the group's one `Acks` timer at its earliest deadline.
 fn rearm_acks(cx: &mut Ctx, g: u32, acks: &mut AckDeadlines) {
+    let timer = Timer::Acks { group: g };
     let want = acks.next_due();
-    if want != acks.armed {
-        if let Some(t) = acks.armed {
-            cx.timers.remove(&(t, Timer::Acks { group: g }));
+    if want != cx.timers.due(timer) {
+        match want {
+            Some(t) => cx.timers.set(timer, t),
+            None => cx.timers.stop(timer),
         }
-        if let Some(t) = want {
-            cx.timers.insert((t, Timer::Acks { group: g }));
-        }
-        acks.armed = want;
     }
 }
 
@@ -1848,15 +1792,12 @@ fn refresh_idle(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     if c.credit == 0 && c.in_flight == 0 {
         let t = now.max(c.last_active_ms) + timeout;
         c.idle_at = Some(t);
-        if c.idle_deadline.is_none() {
-            c.idle_deadline = Some(t);
-            cx.timers.insert((
-                t,
-                Timer::ClientIdle {
-                    group: g,
-                    client: slot,
-                },
-            ));
+        let timer = Timer::ClientIdle {
+            group: g,
+            client: slot,
+        };
+        if cx.timers.due(timer).is_none() {
+            cx.timers.set(timer, t);
         }
     } else {
         c.idle_at = None;
@@ -1878,15 +1819,10 @@ fn remove_client(cx: &mut Ctx, g: u32, group: &mut Group, slot: u32) {
     let Some(Some(c)) = group.clients.get_mut(slot as usize) else {
         return;
     };
-    if let Some(t) = c.idle_deadline.take() {
-        cx.timers.remove(&(
-            t,
-            Timer::ClientIdle {
-                group: g,
-                client: slot,
-            },
-        ));
-    }
+    cx.timers.stop(Timer::ClientIdle {
+        group: g,
+        client: slot,
+    });
     let id = c.id.clone();
     group.ready_clients.remove(&(c.in_flight, slot));
     group.clients[slot as usize] = None;
@@ -1942,27 +1878,21 @@ fn drop_lane(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition) -> Option<La
                 forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
                 unhold(cx, g, group, client);
             }
-            EntryState::Backoff { until } => {
-                cx.timers.remove(&(
-                    until,
-                    Timer::Backoff {
-                        group: g,
-                        partition: p,
-                        offset,
-                    },
-                ));
+            EntryState::Backoff => {
+                cx.timers.stop(Timer::Backoff {
+                    group: g,
+                    partition: p,
+                    offset,
+                });
             }
             EntryState::Queued => {}
         }
     }
-    if let FetchState::RetryAt(t) = lane.fetch {
-        cx.timers.remove(&(
-            t,
-            Timer::FetchRetry {
-                group: g,
-                partition: p,
-            },
-        ));
+    if lane.fetch == FetchState::Retrying {
+        cx.timers.stop(Timer::FetchRetry {
+            group: g,
+            partition: p,
+        });
     }
     // The lane's FIFO entries are all dead now.
     compact_acks(group);
@@ -2180,14 +2110,14 @@ fn out_of_range(
         // The broker contradicts itself; try again later rather than guess.
         cx.stats.fetch_failures += 1;
         let at = cx.now + cx.config.fetch_retry_ms;
-        lane.fetch = FetchState::RetryAt(at);
-        cx.timers.insert((
-            at,
+        lane.fetch = FetchState::Retrying;
+        cx.timers.set(
             Timer::FetchRetry {
                 group: g,
                 partition: p,
             },
-        ));
+            at,
+        );
     }
 }
 
@@ -2229,15 +2159,12 @@ fn drop_entry(cx: &mut Ctx, g: u32, group: &mut Group, p: Partition, offset: Off
             forget_deadline(cx, g, &mut group.acks, p, offset, deadline, seq, moved);
             client = Some(c);
         }
-        EntryState::Backoff { until } => {
-            cx.timers.remove(&(
-                until,
-                Timer::Backoff {
-                    group: g,
-                    partition: p,
-                    offset,
-                },
-            ));
+        EntryState::Backoff => {
+            cx.timers.stop(Timer::Backoff {
+                group: g,
+                partition: p,
+                offset,
+            });
         }
         EntryState::Queued => {}
     }
