@@ -1,8 +1,10 @@
 //! The timer table: every deadline of the mesh, each kept in one place, and the order in
-//! which they fall due.
+//! which they fall due; and what the mesh does when one falls due.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::Mesh;
+use crate::slots::{ClientSlot, GroupSlot};
 use crate::types::{Millis, Offset, Partition};
 
 /// What a deadline is for. Timers due at the same millisecond fire in this order (the
@@ -11,18 +13,24 @@ use crate::types::{Millis, Offset, Partition};
 pub(crate) enum Timer {
     /// The earliest ACK deadline of a group (see `AckDeadlines`). It may be due for
     /// deliveries settled since: it then fires, finds nothing due and moves on.
-    Acks { group: u32 },
+    Acks { group: GroupSlot },
     /// A record's redelivery backoff is over.
     Backoff {
-        group: u32,
+        group: GroupSlot,
         partition: Partition,
         offset: Offset,
     },
     /// A client without credit and deliveries may be forgotten. Armed once and left alone
     /// while the client goes busy and idle again; when it fires early it moves on.
-    ClientIdle { group: u32, client: u32 },
+    ClientIdle {
+        group: GroupSlot,
+        client: ClientSlot,
+    },
     /// A failed or contradicted fetch of a lane may be tried again.
-    FetchRetry { group: u32, partition: Partition },
+    FetchRetry {
+        group: GroupSlot,
+        partition: Partition,
+    },
     /// Pending state is persisted.
     Flush,
 }
@@ -47,13 +55,14 @@ pub(crate) struct TimerTable {
 
 impl TimerTable {
     /// When `timer` is due, if it is armed.
+    #[inline]
     pub fn due(&self, timer: Timer) -> Option<Millis> {
         match timer {
-            Timer::Acks { group } => self.acks.get(group as usize).copied().flatten(),
+            Timer::Acks { group } => self.acks.get(group.index()).copied().flatten(),
             Timer::ClientIdle { group, client } => self
                 .idle
-                .get(group as usize)
-                .and_then(|g| g.get(client as usize))
+                .get(group.index())
+                .and_then(|g| g.get(client.index()))
                 .copied()
                 .flatten(),
             Timer::Backoff { .. } | Timer::FetchRetry { .. } => self.keyed.get(&timer).copied(),
@@ -110,9 +119,9 @@ impl TimerTable {
             &mut v[i]
         }
         let slot = match timer {
-            Timer::Acks { group } => grow(&mut self.acks, group as usize),
+            Timer::Acks { group } => grow(&mut self.acks, group.index()),
             Timer::ClientIdle { group, client } => {
-                grow(grow(&mut self.idle, group as usize), client as usize)
+                grow(grow(&mut self.idle, group.index()), client.index())
             }
             Timer::Backoff { .. } | Timer::FetchRetry { .. } => {
                 return match at {
@@ -144,25 +153,91 @@ impl TimerTable {
     }
 }
 
+/// What the next timeout is for (`Mesh::poll_timeout_reason`): for traces and metrics.
+/// Variants in alphabetical order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeoutReason {
+    /// The earliest ACK deadline of a group, possibly of a delivery settled since.
+    AckDeadline,
+    /// A redelivery backoff ends.
+    Backoff,
+    /// An idle client may be forgotten (possibly one that was busy in between).
+    ClientIdle,
+    /// A failed or contradicted fetch is tried again.
+    FetchRetry,
+    /// Pending state is persisted.
+    Flush,
+}
+
+impl Timer {
+    pub fn reason(self) -> TimeoutReason {
+        match self {
+            Timer::Acks { .. } => TimeoutReason::AckDeadline,
+            Timer::Backoff { .. } => TimeoutReason::Backoff,
+            Timer::ClientIdle { .. } => TimeoutReason::ClientIdle,
+            Timer::FetchRetry { .. } => TimeoutReason::FetchRetry,
+            Timer::Flush => TimeoutReason::Flush,
+        }
+    }
+}
+
+impl Mesh {
+    /// Fires every timer due now, earliest first (ties in `Timer` order), each handed to
+    /// the structure it guards. A timer armed while firing fires in the same pass if due.
+    pub(super) fn fire_timers(&mut self) {
+        while let Some((at, timer)) = self.cx.timers.pop_due(self.cx.now) {
+            let cx = &mut self.cx;
+            match timer {
+                Timer::Acks { group } => {
+                    if let Some(g) = self.groups.get_mut(group) {
+                        g.expire_acks(cx, at);
+                    }
+                }
+                Timer::Backoff {
+                    group,
+                    partition,
+                    offset,
+                } => {
+                    if let Some(g) = self.groups.get_mut(group) {
+                        g.end_backoff(cx, partition, offset);
+                    }
+                }
+                Timer::ClientIdle { group, client } => {
+                    if let Some(g) = self.groups.get_mut(group) {
+                        g.client_idle_due(cx, client, at);
+                    }
+                }
+                Timer::FetchRetry { group, partition } => {
+                    if let Some(g) = self.groups.get_mut(group) {
+                        g.retry_fetch(cx, partition);
+                    }
+                }
+                Timer::Flush => self.flush(),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn timer(kind: u8, a: u32, b: u32) -> Timer {
+        let group = GroupSlot::at(a as usize);
         match kind % 5 {
-            0 => Timer::Acks { group: a },
+            0 => Timer::Acks { group },
             1 => Timer::Backoff {
-                group: a,
+                group,
                 partition: b,
                 offset: u64::from(a ^ b),
             },
             2 => Timer::ClientIdle {
-                group: a,
-                client: b,
+                group,
+                client: ClientSlot::at(b as usize),
             },
             3 => Timer::FetchRetry {
-                group: a,
+                group,
                 partition: b,
             },
             _ => Timer::Flush,
