@@ -147,6 +147,7 @@ impl Clients {
         max_in_flight: u32,
     ) -> Option<ClientId> {
         let id = self.update(slot, max_in_flight, |c| {
+            debug_assert!(c.listed, "only a ready client is handed a delivery");
             c.in_flight += 1;
             c.credit -= 1;
             c.limit_at_delivery = max_in_flight;
@@ -211,6 +212,10 @@ impl Clients {
         let Some(Some(c)) = self.slots.get(slot.index()) else {
             return false;
         };
+        debug_assert_eq!(
+            c.in_flight, 0,
+            "a leaving client's deliveries went back first"
+        );
         timers.stop(self.idle_timer(slot));
         let id = c.id.clone();
         self.ready.remove(&(c.in_flight, slot));

@@ -246,14 +246,7 @@ impl Group {
         let name = self.name.as_str();
         let mut want = Expected::default();
         for lane in self.lanes.iter() {
-            // C8: memory bounded by configuration.
-            let cap = if lane.partition() == REPLAY_PARTITION {
-                config.max_replay_per_group
-            } else {
-                config.max_window_per_lane
-            };
-            let limits = (cap, config.max_ack_ranges_per_lane, self.spec.max_attempts);
-            lane.check(name, limits, &mut want, armed)?;
+            lane.check(name, config, self.spec.max_attempts, &mut want, armed)?;
         }
         self.lanes.check(name)?;
         // C8: a group holds at most max_partitions lanes of max_window records and the

@@ -26,7 +26,8 @@ pub(crate) use records::Retired;
 pub(crate) use table::LaneTable;
 
 use crate::checkpoint::Checkpoint;
-use crate::io::{DeadLetter, DlqKey, FetchId, Ticket};
+use crate::config::MeshConfig;
+use crate::io::{DeadLetter, DlqKey, FetchId, Ticket, REPLAY_PARTITION};
 use crate::mesh::timers::Timer;
 use crate::mesh::{Expected, LaneView};
 use crate::progress::Progress;
@@ -319,16 +320,21 @@ impl Lane {
 
     /// C3, C5 and C8 for the lane, and its stores against each other; adds what its
     /// entries say the group's ACK deadlines and clients must hold to `want`, and the
-    /// timers they account for to `armed`. `limits` is (records held at most, ACK ranges
-    /// at most, attempts at most).
+    /// timers they account for to `armed`.
     pub fn check(
         &self,
         name: &str,
-        limits: (usize, usize, u32),
+        config: &MeshConfig,
+        max_attempts: u32,
         want: &mut Expected,
         armed: &mut BTreeSet<Timer>,
     ) -> Result<(), String> {
-        let (cap, max_ack_ranges, max_attempts) = limits;
+        // C8: memory bounded by configuration.
+        let cap = if self.partition == REPLAY_PARTITION {
+            config.max_replay_per_group
+        } else {
+            config.max_window_per_lane
+        };
         let at = format!("{name}/{}", self.partition);
         self.progress.check().map_err(|e| format!("{at}: {e:?}"))?;
         self.entries.check().map_err(|e| format!("{at}: {e}"))?;
@@ -346,14 +352,13 @@ impl Lane {
         if let Some((from, to)) = self.regressed {
             return Err(format!("{at}: C3 watermark regressed {from} -> {to}"));
         }
-        // C8: memory bounded by configuration.
         if self.entries.len() > cap {
             return Err(format!(
                 "{at}: C8 {} records held > {cap}",
                 self.entries.len()
             ));
         }
-        if self.progress.range_count() > max_ack_ranges + cap + 1 {
+        if self.progress.range_count() > config.max_ack_ranges_per_lane + cap + 1 {
             return Err(format!(
                 "{at}: C8 {} ack ranges",
                 self.progress.range_count()

@@ -113,6 +113,7 @@ impl LaneTable {
             self.ready.remove(&p);
             return None;
         };
+        debug_assert!(lane.listed, "only a listed lane is picked");
         let popped = lane.ready.pop_first();
         if lane.ready.is_empty() {
             lane.listed = false;

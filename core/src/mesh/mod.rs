@@ -305,3 +305,94 @@ impl Mesh {
         self.persistence.arm_flush(&mut self.cx);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SubscriptionSpec;
+    use crate::io::{Assignment, FetchResult};
+    use crate::record::{EventMeta, Record};
+    use crate::types::{ClientId, TopicName};
+
+    fn ok(response: Response) {
+        assert_eq!(response, Response::Ok);
+    }
+
+    fn drain(mesh: &mut Mesh) -> Vec<Effect> {
+        std::iter::from_fn(|| mesh.poll_effect()).collect()
+    }
+
+    /// Goal: `poll_timeout_reason` names what `poll_timeout` is for. Method: walk a mesh
+    /// from start to one delivery; at each step the earliest deadline is a known one.
+    #[test]
+    fn the_next_timeout_says_what_it_is_for() {
+        let config = MeshConfig::default();
+        let (flush_ms, ack_ms) = (config.flush_interval_ms, 30_000);
+        let mut mesh = Mesh::new(config, Recovered::default(), 0).expect("fresh mesh");
+        let ticket = match drain(&mut mesh).as_slice() {
+            [Effect::Persist { ticket, .. }] => *ticket,
+            other => panic!("expected the epoch's persist, got {other:?}"),
+        };
+        assert_eq!(mesh.poll_timeout_reason(), None);
+
+        let group = GroupName::new("g").expect("valid name");
+        let mut spec = SubscriptionSpec::new(group.clone(), TopicName::new("t").expect("valid"));
+        spec.ack_timeout_ms = ack_ms;
+        assert_eq!(mesh.handle(0, Input::Subscribe(spec)), Response::Ok);
+        assert_eq!(
+            mesh.poll_timeout_reason(),
+            Some((flush_ms, TimeoutReason::Flush))
+        );
+        assert_eq!(mesh.poll_timeout(), Some(flush_ms));
+
+        ok(mesh.handle(1, Input::Persisted { ticket }));
+        let partitions = vec![Assignment {
+            partition: 0,
+            earliest: 0,
+            end: 0,
+            checkpoint: None,
+        }];
+        ok(mesh.handle(
+            1,
+            Input::PartitionsAssigned {
+                group: group.clone(),
+                partitions,
+            },
+        ));
+        let client = ClientId::new("c").expect("valid name");
+        ok(mesh.handle(
+            1,
+            Input::ClientPoll {
+                group: group.clone(),
+                client,
+                max: 1,
+            },
+        ));
+        let fetch_id = drain(&mut mesh)
+            .iter()
+            .find_map(|e| match e {
+                Effect::Fetch { fetch_id, .. } => Some(*fetch_id),
+                _ => None,
+            })
+            .expect("the new lane fetches");
+        let record = Record::event(0, EventMeta::default(), Default::default());
+        let result = FetchResult::Records(vec![record]);
+        ok(mesh.handle(
+            2,
+            Input::Fetched {
+                group,
+                partition: 0,
+                fetch_id,
+                result,
+            },
+        ));
+        ok(mesh.handle(2, Input::FlushNow));
+        assert!(drain(&mut mesh)
+            .iter()
+            .any(|e| matches!(e, Effect::Deliver { .. })));
+        assert_eq!(
+            mesh.poll_timeout_reason(),
+            Some((2 + ack_ms, TimeoutReason::AckDeadline))
+        );
+    }
+}
