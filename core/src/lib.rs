@@ -18,6 +18,7 @@ pub mod mesh;
 pub mod progress;
 pub mod ratelimit;
 pub mod record;
+mod slots;
 pub mod types;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
@@ -30,7 +31,7 @@ pub use io::{
     Input, LaneCheckpoint, PersistBatch, Recovered, Refusal, RejectReason, Response, Settle,
     SkipReason, Ticket, REPLAY_PARTITION,
 };
-pub use mesh::{ClientView, GroupView, LaneView, Mesh, MeshStats, RecoveryError};
+pub use mesh::{ClientView, GroupView, LaneView, Mesh, MeshStats, RecoveryError, TimeoutReason};
 pub use progress::Progress;
 pub use ratelimit::{RateLimiter, RateRule};
 pub use record::{EventMeta, Record, RecordMeta};

@@ -1,4 +1,4 @@
-//! The subscription document of the HTTP API (DESIGN.md §5.1): the body of
+//! The subscription document of the HTTP API (docs/DESIGN.md §5.1): the body of
 //! `PUT /v1/subscriptions/{group}` and the definition part of its `GET` answer.
 //!
 //! ```json

@@ -9,7 +9,7 @@
 //!   ([`Server::terminate`]) and started again on the same data ([`Server::restart`]).
 //! - [`Call`]/[`Resp`] are a small blocking HTTP client (ureq) that never turns a status into
 //!   an error, so every test can assert on statuses and bodies; [`Server`] has helpers for
-//!   the routes of DESIGN.md §5.1 (publish in each mode, subscribe, poll, ACK/NACK/extend,
+//!   the routes of docs/DESIGN.md §5.1 (publish in each mode, subscribe, poll, ACK/NACK/extend,
 //!   admin).
 //!
 //! Nothing here asserts on time: waits are bounded loops whose bound only turns a hang into a
@@ -52,8 +52,8 @@ pub fn package_dir() -> PathBuf {
 }
 
 /// The path of the `unimesh` binary: `UNIMESH_BIN` if set, otherwise built (once per
-/// process) with `cargo build -p unimesh-shell --bin unimesh`, release when this test binary
-/// is a release build. Panics with cargo's output when the build fails.
+/// process) by cargo, release when this test binary is a release build. Panics with cargo's
+/// output when the build fails.
 pub fn unimesh_bin() -> &'static Path {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match BIN.get_or_init(find_or_build) {
@@ -61,6 +61,21 @@ pub fn unimesh_bin() -> &'static Path {
         Err(e) => panic!("cannot get the unimesh binary: {e}"),
     }
 }
+
+/// The build of the binary that `cargo test --workspace` makes anyway: the binary as the
+/// dependency of the shell's own integration test `binary`, with the whole workspace
+/// selected. Same profile (`test`) and same unified features as the test build, so the
+/// binary reuses its RocksDB instead of compiling a second one (`cargo build -p
+/// unimesh-shell` resolves features for one package in the `dev` profile: a cold CI run
+/// compiled RocksDB twice).
+const BUILD_ARGS: [&str; 6] = [
+    "test",
+    "--workspace",
+    "--no-run",
+    "--test",
+    "binary",
+    "--message-format=json-render-diagnostics",
+];
 
 fn find_or_build() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("UNIMESH_BIN") {
@@ -73,31 +88,53 @@ fn find_or_build() -> Result<PathBuf, String> {
     }
     let manifest = package_dir().join("../Cargo.toml");
     let release = built_as_release();
-    let mut build = escargot::CargoBuild::new()
-        .manifest_path(&manifest)
-        .package("unimesh-shell")
-        .bin("unimesh");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args(BUILD_ARGS).arg("--manifest-path").arg(&manifest);
     if release {
-        build = build.release();
+        build.arg("--release");
     }
     // Build into the target directory this test binary was built in, so an up-to-date
     // binary costs a no-op build — also when the test binary is run by hand without the
     // CARGO_TARGET_DIR it was built with (a fresh target directory means a long RocksDB build).
     if std::env::var_os("CARGO_TARGET_DIR").is_none() {
         if let Some(dir) = own_target_dir() {
-            build = build.target_dir(dir);
+            build.arg("--target-dir").arg(dir);
         }
     }
-    eprintln!(
-        "building unimesh ({}) with cargo...",
-        if release { "release" } else { "debug" }
+    let shown = format!(
+        "cargo {} --manifest-path {}{}",
+        BUILD_ARGS.join(" "),
+        manifest.display(),
+        if release { " --release" } else { "" }
     );
-    let run = build
-        .run()
-        .map_err(|e| format!("`cargo build -p unimesh-shell --bin unimesh` failed: {e}"))?;
-    let path = run.path().to_owned();
+    eprintln!("building unimesh: {shown}");
+    let out = build
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("`{shown}` did not start: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`{shown}` failed ({})", out.status));
+    }
+    let path = built_executable(&String::from_utf8_lossy(&out.stdout), "unimesh")
+        .ok_or_else(|| format!("`{shown}` reported no `unimesh` executable"))?;
     eprintln!("unimesh binary: {}", path.display());
     Ok(path)
+}
+
+/// The executable of the binary target `name` among cargo's JSON messages.
+fn built_executable(messages: &str, name: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .filter(|m| {
+            m["target"]["name"] == name
+                && m["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bin"))
+        })
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
 }
 
 /// The cargo target directory holding the running test binary: the nearest ancestor with
@@ -296,7 +333,7 @@ impl Resp {
         self.json()
     }
 
-    /// Asserts a DESIGN.md §5.1 error: this status, a JSON object of exactly two strings
+    /// Asserts a docs/DESIGN.md §5.1 error: this status, a JSON object of exactly two strings
     /// `error` (this code) and `message` (not empty). Returns the message.
     pub fn expect_error(&self, status: u16, code: &str) -> String {
         self.expect(status);

@@ -1,4 +1,4 @@
-//! Every bad input gets a 4xx with the JSON error body of DESIGN.md §5.1 —
+//! Every bad input gets a 4xx with the JSON error body of docs/DESIGN.md §5.1 —
 //! `{"error": "<code>", "message": "<text naming the problem>"}` — and changes nothing:
 //! refused publishes store nothing (not even part of a batch), refused subscription requests
 //! neither create nor alter a group, refused ACK/NACK/extend requests leave the delivery in

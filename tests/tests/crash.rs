@@ -3,7 +3,7 @@
 //! twice at random points (a seeded RNG; the seed is printed, `UNIMESH_TEST_SEED` replays
 //! the choices) and restarted on the same data directory.
 //!
-//! What it proves, against the contract of DESIGN.md §3:
+//! What it proves, against the contract of docs/DESIGN.md §3:
 //! - C1/C9: every publish answered 200 — including one racing the kill — is delivered
 //!   after the restarts, and in the end every such event is ACKed by every group;
 //! - C2: a record delivered again after a restart was in flight at the kill (delivered and

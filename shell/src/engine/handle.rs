@@ -2,139 +2,26 @@
 //! the mesh go through the engine task's bounded channel; publishing goes straight to the
 //! log (the core has no part in it beyond the rate limit).
 
-use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use cloudevents::AttributesReader;
 use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use unimesh_core::{
-    ClientId, Delivery, DeliveryId, Epoch, GroupName, GroupStats, MeshStats, Offset, Partition,
-    RateLimiter, RateRule, Refusal, Settle, SubscriptionSpec, TopicName,
+    ClientId, Delivery, DeliveryId, GroupName, Offset, Partition, RateLimiter, RateRule, Settle,
+    SubscriptionSpec, TopicName,
 };
 
+use super::api::{
+    ClientInfo, DlqItem, EngineError, MetricsSnapshot, OffsetRow, PublishResult, Settling, Shared,
+    SubscriptionInfo,
+};
+use super::command::{Command, Reply};
 use super::ports::{AppendError, LogPort, StatePort};
-use super::task::{decode_record, Command, Reply};
+use super::records::decode_record;
 use crate::log::AppendItem;
-
-/// Why a request could not be served. The HTTP layer maps each to a status and a JSON body.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EngineError {
-    UnknownGroup(GroupName),
-    UnknownTopic(TopicName),
-    Refused(Refusal),
-    BadRequest(String),
-    RateLimited { retry_after_ms: u64 },
-    TooLarge(String),
-    Unavailable(String),
-}
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EngineError::UnknownGroup(g) => write!(f, "no subscription group named {g}"),
-            EngineError::UnknownTopic(t) => write!(f, "no topic named {t}"),
-            EngineError::Refused(r) => write!(f, "{r}"),
-            EngineError::BadRequest(m) => write!(f, "{m}"),
-            EngineError::RateLimited { retry_after_ms } => {
-                write!(f, "rate limited; retry after {retry_after_ms} ms")
-            }
-            EngineError::TooLarge(m) => write!(f, "{m}"),
-            EngineError::Unavailable(m) => write!(f, "unavailable: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for EngineError {}
-
-/// How a settle request treats its delivery ids.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Settling {
-    Ack,
-    Nack { delay_ms: Option<u64> },
-    Extend { extend_ms: Option<u64> },
-}
-
-/// One partition of one group, as `/admin/offsets` and `GET /v1/subscriptions/{g}` show it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OffsetRow {
-    pub group: GroupName,
-    pub topic: TopicName,
-    pub partition: Partition,
-    /// The log's end offset (the next offset it will assign).
-    pub end: Offset,
-    /// The next offset the group will fetch.
-    pub cursor: Offset,
-    /// One past the highest offset handed out.
-    pub push: Offset,
-    /// The lowest offset not yet done; everything below is ACKed or dead-lettered.
-    pub watermark: Offset,
-    /// The watermark as last made durable.
-    pub durable_watermark: Option<Offset>,
-    /// Done ranges above the watermark, [start, end).
-    pub ack_ranges: Vec<(Offset, Offset)>,
-    /// end - watermark.
-    pub lag: u64,
-    pub in_flight: u64,
-}
-
-#[derive(Clone, Debug)]
-pub struct SubscriptionInfo {
-    pub spec: SubscriptionSpec,
-    pub lanes: Vec<OffsetRow>,
-    pub clients: usize,
-    /// Dead letters being replayed into the group now.
-    pub replaying: usize,
-    pub stats: GroupStats,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClientInfo {
-    pub group: GroupName,
-    pub id: ClientId,
-    pub credit: u32,
-    pub in_flight: u32,
-    pub last_active_ms: u64,
-}
-
-#[derive(Clone, Debug)]
-pub struct MetricsSnapshot {
-    pub groups: Vec<SubscriptionInfo>,
-    pub mesh: MeshStats,
-    pub epoch: Epoch,
-    /// The log's own counters, read by the handle (not the engine task).
-    pub log: Option<super::ports::LogMetrics>,
-}
-
-/// One DLQ entry, with its event rendered as delivered (incl. emmqoffset/emmqpartition).
-#[derive(Clone, Debug)]
-pub struct DlqItem {
-    pub topic: TopicName,
-    pub partition: Partition,
-    pub offset: Offset,
-    pub attempts: u32,
-    pub reason: String,
-    pub dead_lettered_at_ms: u64,
-    /// The stored event bytes.
-    pub body: Bytes,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PublishResult {
-    pub id: String,
-    pub partition: Partition,
-    pub offset: Offset,
-}
-
-/// Engine-wide counters and flags shared with the handle (metrics, health).
-#[derive(Debug, Default)]
-pub struct Shared {
-    pub ready: AtomicBool,
-    pub healthy: AtomicBool,
-}
 
 /// The handle the HTTP front uses. Cheap to clone.
 #[derive(Clone)]

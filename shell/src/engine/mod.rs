@@ -4,8 +4,18 @@
 //! It uses tokio only through `madsim-tokio`, so the same engine runs under the madsim
 //! simulator with in-memory ports (see `ports::MemoryLog`, `state::MemoryStore`).
 
+//!
+//! The rooms: `api` (errors and views, what callers get back), `command` (the task's
+//! messages), `handle` (the front door), `task` (the owner of the mesh), `persist` (the
+//! persist writer), `records` (stored bytes as core records), `ports` (storage traits and
+//! in-memory ports). `handle` and `task` share only `api` and `command`.
+
+mod api;
+mod command;
 mod handle;
+mod persist;
 pub mod ports;
+mod records;
 mod task;
 
 #[cfg(test)]
@@ -20,15 +30,17 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use unimesh_core::{Mesh, MeshConfig, RateLimiter};
 
-pub use handle::{
-    ClientInfo, DlqItem, EngineError, EngineHandle, MetricsSnapshot, OffsetRow, PublishResult,
-    Settling, Shared, SubscriptionInfo,
+pub use api::{
+    ClientInfo, DlqItem, EngineError, MetricsSnapshot, OffsetRow, PublishResult, Settling, Shared,
+    SubscriptionInfo,
 };
+pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
 };
 
-use task::{persist_writer, EngineTask};
+use persist::persist_writer;
+use task::EngineTask;
 
 /// Runs blocking storage work (RocksDB, sled) off the async workers. Under the madsim
 /// simulator, where every port is in memory and nothing blocks, it is an ordinary task

@@ -9,7 +9,7 @@ use url::Url;
 
 use super::error::{Field, PublishError};
 
-/// Extension names the mesh sets itself on every delivery (DESIGN.md §2). A publisher that
+/// Extension names the mesh sets itself on every delivery (docs/DESIGN.md §2). A publisher that
 /// sets them would be asking the mesh to lie about the broker position, so they are refused.
 pub const RESERVED_EXTENSIONS: [&str; 2] = ["emmqoffset", "emmqpartition"];
 

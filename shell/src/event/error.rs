@@ -122,7 +122,7 @@ impl PublishError {
         self.to_string()
     }
 
-    /// The error body of DESIGN.md §5.1: `{"error": code, "message": text}`.
+    /// The error body of docs/DESIGN.md §5.1: `{"error": code, "message": text}`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({ "error": self.code(), "message": self.message() })
     }

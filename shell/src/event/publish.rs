@@ -1,4 +1,4 @@
-//! Reading a publish request (`POST /v1/topics/{topic}/events`, DESIGN.md §5.1) into
+//! Reading a publish request (`POST /v1/topics/{topic}/events`, docs/DESIGN.md §5.1) into
 //! validated events: binary mode (`ce-*` headers and the body), structured mode (one JSON
 //! event) and batch mode (a JSON array of them). All or nothing: the first problem refuses
 //! the whole request.

@@ -1,4 +1,4 @@
-//! The one error shape of the HTTP API (DESIGN.md §5.1): a 4xx or 5xx status and
+//! The one error shape of the HTTP API (docs/DESIGN.md §5.1): a 4xx or 5xx status and
 //! `{"error": "<code>", "message": "<human text>"}`, the code machine-readable and stable, the
 //! message naming what was wrong (the field, header, parameter or limit).
 //!

@@ -1,4 +1,4 @@
-//! The HTTP front of `unimesh serve` (DESIGN.md §5.1): two listeners on hyper 1.x — traffic
+//! The HTTP front of `unimesh serve` (docs/DESIGN.md §5.1): two listeners on hyper 1.x — traffic
 //! (publish, subscriptions, long-poll, ACK/NACK/extend) and admin (metrics, health,
 //! operator endpoints) — over one [`EngineHandle`].
 //!

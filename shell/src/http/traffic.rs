@@ -423,7 +423,7 @@ where
     rejected.sort_by_key(|(i, _)| *i);
     let rejected: Vec<Rejected> = rejected.into_iter().map(|(_, r)| r).collect();
     let mut answer = serde_json::Map::new();
-    // DESIGN §5.1 gives NACK and extend "the same answer" as ACK: `acked` counts the ids
+    // docs/DESIGN.md §5.1 gives NACK and extend "the same answer" as ACK: `acked` counts the ids
     // accepted for every kind, and `nacked` / `extended` say the same in the verb's words.
     answer.insert("acked".to_owned(), Value::from(accepted));
     answer.insert(counted.to_owned(), Value::from(accepted));

@@ -1,15 +1,10 @@
-//! A lane: one group's view of one partition. It owns the fetch cursor, the progress and
-//! the records not yet done. Lanes of different groups share nothing, so a slow group never
-//! holds back a fast one (C7; the seed shared one cursor per partition: upstream #5294).
+//! The not-done records of a lane and where each is in its life.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
-use bytes::Bytes;
-
-use crate::checkpoint::Checkpoint;
-use crate::io::{DeadLetter, DlqKey, FetchId, Ticket};
-use crate::progress::Progress;
+use crate::io::Ticket;
 use crate::record::Record;
+use crate::slots::{ClientSlot, DeliverySeq};
 use crate::types::{Millis, Offset, Partition};
 
 /// Where a not-done record is in its life.
@@ -17,39 +12,80 @@ use crate::types::{Millis, Offset, Partition};
 pub(crate) enum EntryState {
     /// Waiting to be handed out (possibly also for its key or its attempt ledger).
     Queued,
-    /// Handed to a client; redelivered at `deadline` unless settled. `seq` names the
-    /// delivery in the group's ACK-deadline FIFO; `moved` says the deadline is kept in the
-    /// group's out-of-order set instead (see `AckDeadlines`).
-    InFlight {
-        client: u32,
-        deadline: Millis,
-        seq: u64,
-        moved: bool,
-    },
-    /// Waiting out a redelivery backoff.
-    Backoff { until: Millis },
+    /// Handed to a client.
+    InFlight(InFlight),
+    /// Waiting out a redelivery backoff (its `Backoff` timer says until when).
+    Backoff,
 }
 
+/// A record handed to a client: redelivered at `deadline` unless settled. `seq` names the
+/// delivery in the group's ACK-deadline FIFO; `moved` says the deadline is kept in the
+/// group's out-of-order set instead (see `AckDeadlines`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub client: ClientSlot,
+    pub deadline: Millis,
+    pub seq: DeliverySeq,
+    pub moved: bool,
+}
+
+/// One not-done record of a lane.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
-    pub record: Record,
+    pub(super) record: Record,
     /// The record's own partition (differs from the lane's only in the replay lane).
-    pub origin: Partition,
+    pub(super) origin: Partition,
     /// Attempts issued so far, or assumed issued after a restart (the durable ledger).
-    pub attempts: u32,
+    pub(super) attempts: u32,
     /// The lowest attempt number issued in this lane incarnation; ids below it are unknown.
-    pub first_here: u32,
-    pub state: EntryState,
+    pub(super) first_here: u32,
+    pub(super) state: EntryState,
     /// The ticket whose persist makes the next attempt number durable; `None` when the next
     /// attempt needs no ledger entry (a first attempt, or a non-persistent lane).
-    pub ledger_needed: Option<Ticket>,
+    pub(super) ledger_needed: Option<Ticket>,
     /// Another record with the same key is ahead of this one.
-    pub key_blocked: bool,
+    pub(super) key_blocked: bool,
 }
 
 impl Entry {
+    /// A record arriving in a lane as attempt `attempts + 1`.
+    pub(super) fn new(record: Record, origin: Partition, attempts: u32) -> Self {
+        Self {
+            record,
+            origin,
+            attempts,
+            first_here: attempts + 1,
+            state: EntryState::Queued,
+            ledger_needed: None,
+            key_blocked: false,
+        }
+    }
+
+    /// It can be handed out now: queued, its attempt number durable, its key free.
+    #[inline]
     pub fn eligible(&self) -> bool {
-        self.state == EntryState::Queued && self.ledger_needed.is_none() && !self.key_blocked
+        matches!(self.state, EntryState::Queued)
+            && self.ledger_needed.is_none()
+            && !self.key_blocked
+    }
+
+    #[inline]
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    #[inline]
+    pub fn record(&self) -> &Record {
+        &self.record
+    }
+
+    /// The delivery out, if it is in flight.
+    #[inline]
+    pub fn in_flight(&self) -> Option<InFlight> {
+        match self.state {
+            EntryState::InFlight(f) => Some(f),
+            EntryState::Backoff | EntryState::Queued => None,
+        }
     }
 }
 
@@ -280,289 +316,20 @@ impl<'a> IntoIterator for &'a Entries {
     }
 }
 
-/// The offsets of a lane's records that can be handed out now, lowest first. Fresh records
-/// arrive in ascending order and go to a deque (O(1) in and out); the rest (redeliveries,
-/// released keys, durable ledger bumps) go to an ordered set, and the lower of both heads
-/// goes out first: the same order as one ordered set, without a B-tree insert and removal
-/// for every record that simply flows through.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Ready {
-    /// Strictly ascending.
-    fresh: VecDeque<Offset>,
-    /// Disjoint from `fresh`.
-    other: BTreeSet<Offset>,
-}
-
-impl Ready {
-    pub fn len(&self) -> usize {
-        self.fresh.len() + self.other.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.fresh.is_empty() && self.other.is_empty()
-    }
-
-    fn fresh_index(&self, offset: Offset) -> Option<usize> {
-        self.fresh.binary_search(&offset).ok()
-    }
-
-    pub fn contains(&self, offset: &Offset) -> bool {
-        self.other.contains(offset) || self.fresh_index(*offset).is_some()
-    }
-
-    /// Adds an offset. Returns false if it was already there.
-    pub fn insert(&mut self, offset: Offset) -> bool {
-        if self.fresh_index(offset).is_some() {
-            return false;
-        }
-        self.other.insert(offset)
-    }
-
-    /// Adds an offset above everything the lane ever offered (a just-admitted record).
-    pub fn push_fresh(&mut self, offset: Offset) -> bool {
-        if self.fresh.back().is_some_and(|&b| b >= offset) {
-            return self.insert(offset);
-        }
-        if self.other.contains(&offset) {
-            return false;
-        }
-        self.fresh.push_back(offset);
-        true
-    }
-
-    /// Removes an offset. Removing from the middle of the deque is O(n), but only a
-    /// truncation drops fresh records, and it drops them from the top (O(1) each).
-    pub fn remove(&mut self, offset: &Offset) -> bool {
-        if self.other.remove(offset) {
-            return true;
-        }
-        match self.fresh_index(*offset) {
-            Some(0) => self.fresh.pop_front().is_some(),
-            Some(i) if i + 1 == self.fresh.len() => self.fresh.pop_back().is_some(),
-            Some(i) => self.fresh.remove(i).is_some(),
-            None => false,
-        }
-    }
-
-    pub fn pop_first(&mut self) -> Option<Offset> {
-        match (self.fresh.front(), self.other.first()) {
-            (Some(f), Some(o)) if o < f => self.other.pop_first(),
-            (Some(_), _) => self.fresh.pop_front(),
-            (None, _) => self.other.pop_first(),
-        }
-    }
-
-    /// Checks the structure's own invariants; used by `Mesh::check_invariants`.
-    pub fn check(&self) -> Result<(), String> {
-        if self
-            .fresh
-            .iter()
-            .zip(self.fresh.iter().skip(1))
-            .any(|(a, b)| a >= b)
-        {
-            return Err("fresh ready offsets not strictly ascending".into());
-        }
-        if self.fresh.iter().any(|o| self.other.contains(o)) {
-            return Err("an offset is ready twice".into());
-        }
-        Ok(())
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FetchState {
-    Idle,
-    Outstanding(FetchId),
-    RetryAt(Millis),
-}
-
-/// Records sharing a key: the head is the one in progress, the rest wait in offset order.
-#[derive(Clone, Debug)]
-pub(crate) struct KeyQueue {
-    pub head: Offset,
-    pub waiting: VecDeque<Offset>,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct Lane {
-    pub partition: Partition,
-    /// Fresh on every assignment and seek; part of every delivery id.
-    pub lease: u64,
-    /// False for the replay lane, whose progress is not persisted.
-    pub persistent: bool,
-    pub progress: Progress,
-    /// The next offset to fetch. Starts at the recovered watermark: restart alignment.
-    pub cursor: Offset,
-    /// One past the highest offset handed out in this incarnation (a gauge).
-    pub push_end: Offset,
-    pub entries: Entries,
-    /// Entries that can be handed out now.
-    pub ready: Ready,
-    pub keys: BTreeMap<String, KeyQueue>,
-    /// Attempt numbers (>= 2) that may have been issued for not-done offsets.
-    pub ledger: BTreeMap<Offset, u32>,
-    /// Entries waiting for their ledger bump to be durable: (ticket needed, offset).
-    pub awaiting_ledger: BTreeSet<(Ticket, Offset)>,
-    /// Dead letters decided but not yet durable; every flush of the lane carries them all.
-    pub unsynced_dead_letters: Vec<(Ticket, DeadLetter)>,
-    /// DLQ entries whose replay was ACKed, not yet durably deleted.
-    pub unsynced_resolved: Vec<(Ticket, DlqKey)>,
-    /// POP receipt handles of done records, ACKed to the broker once durable.
-    pub unsynced_broker_acks: Vec<(Ticket, Bytes)>,
-    pub fetch: FetchState,
-    pub dirty: bool,
-    pub touched: bool,
-    /// The newest ticket that carried this lane and is durable.
-    pub durable_ticket: Ticket,
-    /// The watermark in that ticket.
-    pub durable_watermark: Option<Offset>,
-    pub committed: Option<Offset>,
-    /// Set when a seek or broker truncation moved the watermark back on purpose.
-    pub rewound: bool,
-    /// The watermark at the last invariant check (C3: it never regresses otherwise).
-    pub checked_watermark: Offset,
-    pub paused_for_ranges: bool,
-    /// It is in its group's `ready_lanes`.
-    pub listed: bool,
-}
-
-impl Lane {
-    pub fn new(partition: Partition, lease: u64, persistent: bool, checkpoint: Checkpoint) -> Self {
-        let watermark = checkpoint.progress.watermark();
-        Self {
-            partition,
-            lease,
-            persistent,
-            cursor: watermark,
-            push_end: watermark,
-            progress: checkpoint.progress,
-            entries: Entries::default(),
-            ready: Ready::default(),
-            keys: BTreeMap::new(),
-            ledger: checkpoint.attempts.into_iter().collect(),
-            awaiting_ledger: BTreeSet::new(),
-            unsynced_dead_letters: Vec::new(),
-            unsynced_resolved: Vec::new(),
-            unsynced_broker_acks: Vec::new(),
-            fetch: FetchState::Idle,
-            dirty: false,
-            touched: false,
-            durable_ticket: 0,
-            durable_watermark: None,
-            committed: None,
-            rewound: false,
-            checked_watermark: watermark,
-            paused_for_ranges: false,
-            listed: false,
-        }
-    }
-
-    /// Memory the lane holds for records, counted against `max_window_per_lane`.
-    pub fn window_used(&self) -> usize {
-        self.entries.len()
-            + self.unsynced_dead_letters.len()
-            + self.unsynced_resolved.len()
-            + self.unsynced_broker_acks.len()
-    }
-
-    /// The state a persist of this lane writes now.
-    pub fn checkpoint(&self) -> Checkpoint {
-        Checkpoint {
-            progress: self.progress.clone(),
-            attempts: self.ledger.iter().map(|(&o, &n)| (o, n)).collect(),
-        }
-    }
-
-    /// Puts an entry in the ready set if it can be handed out. Returns true if it was added.
-    pub fn offer(&mut self, offset: Offset) -> bool {
-        match self.entries.get(&offset) {
-            Some(e) if e.eligible() => self.ready.insert(offset),
-            _ => false,
-        }
-    }
-
-    /// `offer` for a record just admitted, above every record the lane holds.
-    pub fn offer_fresh(&mut self, offset: Offset) -> bool {
-        match self.entries.get(&offset) {
-            Some(e) if e.eligible() => self.ready.push_fresh(offset),
-            _ => false,
-        }
-    }
-
-    /// Lets the next record of a key go, once the head at `offset` is done.
-    pub fn release_key(&mut self, key: &str, offset: Offset) {
-        let Some(q) = self.keys.get_mut(key) else {
-            return;
-        };
-        debug_assert_eq!(q.head, offset, "only the head of a key finishes");
-        if q.head != offset {
-            return;
-        }
-        match q.waiting.pop_front() {
-            Some(next) => {
-                q.head = next;
-                if let Some(e) = self.entries.get_mut(&next) {
-                    e.key_blocked = false;
-                }
-                self.offer(next);
-            }
-            None => {
-                self.keys.remove(key);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::EventMeta;
+    use bytes::Bytes;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn entry(attempts: u32) -> Entry {
-        Entry {
-            record: Record::event(0, EventMeta::default(), Bytes::new()),
-            origin: 0,
+        Entry::new(
+            Record::event(0, EventMeta::default(), Bytes::new()),
+            0,
             attempts,
-            first_here: 1,
-            state: EntryState::Queued,
-            ledger_needed: None,
-            key_blocked: false,
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1000))]
-        /// Against a `BTreeSet`: same membership and the same order out.
-        #[test]
-        fn ready_agrees_with_a_set(ops in prop::collection::vec((0u8..6, 0u64..50), 0..200)) {
-            let mut r = Ready::default();
-            let mut model: BTreeSet<Offset> = BTreeSet::new();
-            let mut next: Offset = 0;
-            for (kind, o) in ops {
-                match kind {
-                    0 | 1 => {
-                        next += 1 + o % 3;
-                        prop_assert_eq!(r.push_fresh(next), model.insert(next));
-                    }
-                    2 => prop_assert_eq!(r.push_fresh(o), model.insert(o)),
-                    3 => prop_assert_eq!(r.insert(o), model.insert(o)),
-                    4 => prop_assert_eq!(r.remove(&o), model.remove(&o)),
-                    _ => prop_assert_eq!(r.pop_first(), model.pop_first()),
-                }
-                r.check().unwrap();
-                prop_assert_eq!(r.len(), model.len());
-                prop_assert_eq!(r.is_empty(), model.is_empty());
-                for q in 0..next.max(50) + 2 {
-                    prop_assert_eq!(r.contains(&q), model.contains(&q));
-                }
-            }
-            let mut out = Vec::new();
-            while let Some(o) = r.pop_first() {
-                out.push(o);
-            }
-            prop_assert_eq!(out, model.into_iter().collect::<Vec<_>>());
-        }
+        )
     }
 
     proptest! {

@@ -1,0 +1,87 @@
+//! The messages of the engine task: commands from the handle (each with its reply
+//! channel) and completions of the I/O the task started.
+
+use madsim_tokio as tokio;
+use tokio::sync::oneshot;
+use unimesh_core::{
+    ClientId, Delivery, DeliveryId, FetchId, FetchResult, GroupName, Offset, Partition, Record,
+    Settle, SubscriptionSpec, Ticket, TopicName,
+};
+
+use super::api::{ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, SubscriptionInfo};
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// Requests from the HTTP front.
+pub(crate) enum Command {
+    Subscribe {
+        spec: Box<SubscriptionSpec>,
+        reply: Reply<bool>,
+    },
+    Unsubscribe {
+        group: GroupName,
+        reply: Reply<()>,
+    },
+    Subscription {
+        group: GroupName,
+        reply: Reply<SubscriptionInfo>,
+    },
+    Subscriptions {
+        reply: Reply<Vec<SubscriptionInfo>>,
+    },
+    Poll {
+        group: GroupName,
+        client: ClientId,
+        max: u32,
+        wait_ms: u64,
+        reply: Reply<Vec<Delivery>>,
+    },
+    Settle {
+        group: GroupName,
+        how: Settling,
+        ids: Vec<DeliveryId>,
+        reply: Reply<Vec<Settle>>,
+    },
+    Clients {
+        reply: Reply<Vec<ClientInfo>>,
+    },
+    Evict {
+        client: ClientId,
+        reply: Reply<usize>,
+    },
+    Offsets {
+        topic: TopicName,
+        reply: Reply<Vec<OffsetRow>>,
+    },
+    Replay {
+        group: GroupName,
+        records: Vec<(Partition, Record)>,
+        reply: Reply<usize>,
+    },
+    Seek {
+        group: GroupName,
+        partition: Partition,
+        offset: Offset,
+        reply: Reply<()>,
+    },
+    Metrics {
+        reply: Reply<MetricsSnapshot>,
+    },
+    Shutdown {
+        reply: Reply<()>,
+    },
+}
+
+/// Completions of I/O the engine started.
+pub(crate) enum Event {
+    Fetched {
+        group: GroupName,
+        partition: Partition,
+        fetch_id: FetchId,
+        result: FetchResult,
+    },
+    Persisted {
+        ticket: Ticket,
+        result: Result<(), String>,
+    },
+}

@@ -1,0 +1,309 @@
+//! The engine task's answers to commands from the handle: one function per command.
+//! Requests that change durable state (subscriptions, removals, seeks) answer once the
+//! persist that carries the change is durable (`flush_after`).
+
+use madsim_tokio as tokio;
+use tokio::sync::oneshot;
+use unimesh_core::{
+    ClientId, DeliveryId, GroupName, Input, Offset, Partition, Record, Response, StartFrom,
+    SubscriptionSpec,
+};
+
+use super::EngineTask;
+use crate::engine::api::{refusal, topic_error, ClientInfo, EngineError, Settling};
+use crate::engine::command::{Command, Reply};
+
+impl EngineTask {
+    pub(super) fn on_command(&mut self, command: Command) {
+        if self.shutdown.is_some() {
+            if let Command::Shutdown { reply } = command {
+                let _ = reply.send(Ok(()));
+            } else {
+                // Dropping the reply answers the caller `Unavailable` (see `ask`).
+                drop(command);
+            }
+            return;
+        }
+        match command {
+            Command::Clients { reply } => {
+                let _ = reply.send(Ok(self.clients()));
+            }
+            Command::Evict { client, reply } => self.on_evict(client, reply),
+            Command::Metrics { reply } => {
+                let _ = reply.send(Ok(self.metrics()));
+            }
+            Command::Offsets { topic, reply } => {
+                let _ = reply.send(self.offsets(&topic));
+            }
+            Command::Poll {
+                group,
+                client,
+                max,
+                wait_ms,
+                reply,
+            } => self.poll(group, client, max, wait_ms, reply),
+            Command::Replay {
+                group,
+                records,
+                reply,
+            } => self.on_replay(group, records, reply),
+            Command::Seek {
+                group,
+                partition,
+                offset,
+                reply,
+            } => self.on_seek(group, partition, offset, reply),
+            Command::Settle {
+                group,
+                how,
+                ids,
+                reply,
+            } => self.on_settle(group, how, ids, reply),
+            Command::Shutdown { reply } => self.on_shutdown(reply),
+            Command::Subscribe { spec, reply } => self.on_subscribe(*spec, reply),
+            Command::Subscription { group, reply } => {
+                let r = self
+                    .info(&group)
+                    .ok_or_else(|| EngineError::UnknownGroup(group.clone()));
+                let _ = reply.send(r);
+            }
+            Command::Subscriptions { reply } => {
+                let _ = reply.send(Ok(self.subscriptions()));
+            }
+            Command::Unsubscribe { group, reply } => self.on_unsubscribe(group, reply),
+        }
+    }
+
+    /// Disconnects a client from every group it is in: what it holds is redelivered at once.
+    fn on_evict(&mut self, client: ClientId, reply: Reply<usize>) {
+        let groups: Vec<GroupName> = self.mesh.group_names().cloned().collect();
+        let mut n = 0;
+        for g in groups {
+            let present = self
+                .mesh
+                .group_view(&g)
+                .is_some_and(|v| v.clients.iter().any(|c| c.id == client));
+            let key = (g.clone(), client.clone());
+            if self.polls.contains(&key) {
+                self.finish_waiter(&key);
+            }
+            if present {
+                let _ = self.handle(Input::ClientGone {
+                    group: g,
+                    client: client.clone(),
+                });
+                n += 1;
+            }
+        }
+        self.finish_pending();
+        let _ = reply.send(Ok(n));
+    }
+
+    /// Every client of every group, as `/admin/clients` shows them.
+    fn clients(&self) -> Vec<ClientInfo> {
+        let mut out = Vec::new();
+        for g in self.mesh.group_names() {
+            if let Some(v) = self.mesh.group_view(g) {
+                out.extend(v.clients.into_iter().map(|c| ClientInfo {
+                    group: g.clone(),
+                    id: c.id,
+                    credit: c.credit,
+                    in_flight: c.in_flight,
+                    last_active_ms: c.last_active_ms,
+                }));
+            }
+        }
+        out
+    }
+
+    /// Starts the replay of dead letters into the group's replay lane; records already in
+    /// replay are left out, so a second replay does not repeat them.
+    fn on_replay(
+        &mut self,
+        group: GroupName,
+        records: Vec<(Partition, Record)>,
+        reply: Reply<usize>,
+    ) {
+        let set = self.replaying.entry(group.clone()).or_default();
+        let fresh: Vec<(Partition, Record)> = records
+            .into_iter()
+            .filter(|(p, r)| !set.contains(&(*p, r.offset)))
+            .collect();
+        let keys: Vec<(Partition, Offset)> = fresh.iter().map(|(p, r)| (*p, r.offset)).collect();
+        let n = fresh.len();
+        match self.handle(Input::Replay {
+            group: group.clone(),
+            records: fresh,
+        }) {
+            Response::Refused(r) => {
+                let _ = reply.send(Err(refusal(r, &group)));
+            }
+            _ => {
+                self.replaying.entry(group).or_default().extend(keys);
+                self.finish_pending();
+                let _ = reply.send(Ok(n));
+            }
+        }
+    }
+
+    /// Operator rewind or skip of one partition; answers once durable.
+    fn on_seek(
+        &mut self,
+        group: GroupName,
+        partition: Partition,
+        offset: Offset,
+        reply: Reply<()>,
+    ) {
+        // A seek outside what the log holds would read as a broker truncation (past the
+        // end) or as retention (below the earliest): refuse it instead.
+        if let Some(topic) = self.mesh.subscription(&group).map(|s| s.topic.clone()) {
+            let refused = match self.log.offsets(&topic, partition) {
+                Ok((earliest, end)) if offset < earliest || offset > end => Some(format!(
+                    "offset {offset} is outside partition {partition} of topic {topic}, which \
+                     holds {earliest}..{end}"
+                )),
+                Ok(_) => None,
+                Err(_) => Some(format!("topic {topic} has no partition {partition}")),
+            };
+            if let Some(message) = refused {
+                let _ = reply.send(Err(EngineError::BadRequest(message)));
+                return;
+            }
+        }
+        match self.handle(Input::Seek {
+            group: group.clone(),
+            partition,
+            offset,
+        }) {
+            Response::Refused(r) => {
+                let _ = reply.send(Err(refusal(r, &group)));
+            }
+            _ => {
+                self.finish_pending();
+                self.flush_after(reply);
+            }
+        }
+    }
+
+    /// ACK, NACK or extend: one outcome per id, in order.
+    fn on_settle(
+        &mut self,
+        group: GroupName,
+        how: Settling,
+        ids: Vec<DeliveryId>,
+        reply: Reply<Vec<unimesh_core::Settle>>,
+    ) {
+        let input = match how {
+            Settling::Ack => Input::Ack {
+                group: group.clone(),
+                ids,
+            },
+            Settling::Nack { delay_ms } => Input::Nack {
+                group: group.clone(),
+                ids,
+                delay_ms,
+            },
+            Settling::Extend { extend_ms } => Input::Extend {
+                group: group.clone(),
+                ids,
+                extend_ms,
+            },
+        };
+        let r = match self.handle(input) {
+            Response::Settled(s) => Ok(s),
+            Response::Refused(r) => Err(refusal(r, &group)),
+            Response::Ok => Ok(Vec::new()),
+        };
+        self.finish_pending();
+        let _ = reply.send(r);
+    }
+
+    /// Flushes progress, answers every open poll, and answers `reply` once nothing is
+    /// left to persist (see `shutdown_complete`).
+    fn on_shutdown(&mut self, reply: Reply<()>) {
+        tracing::info!("engine: flushing progress before shutdown");
+        let _ = self.handle(Input::FlushNow);
+        self.shutdown = Some(reply);
+        for key in self.polls.keys(None) {
+            self.finish_waiter(&key);
+        }
+    }
+
+    /// Creates or updates a group; answers (created?) once its definition is durable.
+    fn on_subscribe(&mut self, spec: SubscriptionSpec, reply: Reply<bool>) {
+        match self.subscribe(spec) {
+            Ok(created) => {
+                let (tx, rx) = oneshot::channel();
+                self.flush_after(tx);
+                tokio::spawn(async move {
+                    let r = rx.await.unwrap_or_else(|_| {
+                        Err(EngineError::Unavailable("the engine stopped".into()))
+                    });
+                    let _ = reply.send(r.map(|()| created));
+                });
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    fn subscribe(&mut self, mut spec: SubscriptionSpec) -> Result<bool, EngineError> {
+        let existed = self.mesh.subscription(&spec.group).is_some();
+        // A refused subscription must leave no topic behind (nothing half-applied).
+        self.mesh
+            .check_subscribe(&spec)
+            .map_err(|r| refusal(r, &spec.group))?;
+        let partitions = self.log.ensure_topic(&spec.topic).map_err(topic_error)?;
+        if let StartFrom::Latest(ends) = &mut spec.start_from {
+            if ends.is_empty() && !existed {
+                for p in 0..partitions {
+                    let (_, end) = self
+                        .log
+                        .offsets(&spec.topic, p)
+                        .map_err(EngineError::Unavailable)?;
+                    ends.insert(p, end);
+                }
+            }
+        }
+        let group = spec.group.clone();
+        let topic = spec.topic.clone();
+        if let Response::Refused(r) = self.handle(Input::Subscribe(spec)) {
+            return Err(refusal(r, &group));
+        }
+        if !existed {
+            self.assign_all(&group, &topic)?;
+        }
+        self.finish_pending();
+        Ok(!existed)
+    }
+
+    /// Removes a group; its open polls are answered `UnknownGroup`; answers once durable.
+    fn on_unsubscribe(&mut self, group: GroupName, reply: Reply<()>) {
+        if let Response::Refused(r) = self.handle(Input::Unsubscribe {
+            group: group.clone(),
+        }) {
+            let _ = reply.send(Err(refusal(r, &group)));
+            return;
+        }
+        for key in self.polls.keys(Some(&group)) {
+            if let Some(w) = self.polls.take(&key) {
+                let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));
+            }
+        }
+        self.flush_after(reply);
+    }
+
+    /// Answers `reply` once the next persist (which carries everything pending now) is
+    /// durable.
+    pub(super) fn flush_after(&mut self, reply: Reply<()>) {
+        self.flush_waiters.push(reply);
+        let _ = self.handle(Input::FlushNow);
+        if !self.flush_waiters.is_empty() && self.mesh.outstanding_persists() == 0 {
+            // Nothing was pending and nothing is in flight: already durable.
+            for r in std::mem::take(&mut self.flush_waiters) {
+                let _ = r.send(Ok(()));
+            }
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! The engine task: the only owner of the core `Mesh`. It turns commands (from the HTTP
+//! front) and I/O completions (fetches, persists) into inputs, and carries out the effects.
+//! No lock guards the mesh: everything reaches it through this task's channels, which are
+//! bounded, so a flood of requests becomes back-pressure instead of memory.
+//!
+//! The rooms: this file holds the task, its run loop and the carrying-out of effects;
+//! `polls` the long-poll waiters, `commands` one function per command of the handle,
+//! `views` what the task shows of the mesh.
+
+mod commands;
+mod polls;
+mod views;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use madsim_tokio as tokio;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use unimesh_core::{
+    Assignment, ClientId, Delivery, Effect, FetchId, FetchResult, GroupName, Input, Mesh, Millis,
+    Offset, Partition, PersistBatch, Response, SkipReason, Ticket, TopicName,
+};
+
+use super::api::{topic_error, EngineError, Shared};
+use super::command::{Command, Event, Reply};
+use super::ports::{LogPort, LogRead};
+use super::records::decode_record;
+use polls::{PollKey, Polls};
+
+pub(crate) struct EngineTask {
+    pub mesh: Mesh,
+    pub start: Instant,
+    pub log: Arc<dyn LogPort>,
+    pub shared: Arc<Shared>,
+    pub commands: mpsc::Receiver<Command>,
+    pub events_tx: mpsc::Sender<Event>,
+    pub events_rx: mpsc::Receiver<Event>,
+    pub persist_tx: mpsc::Sender<(Ticket, Arc<PersistBatch>)>,
+    pub fetch_wait_ms: u64,
+    pub fetch_max_bytes: usize,
+    polls: Polls,
+    /// Polls that received deliveries, to answer once the current effects are drained.
+    to_finish: Vec<PollKey>,
+    /// Replies waiting for "the next persist" to be durable (subscription changes, seeks).
+    flush_waiters: Vec<Reply<()>>,
+    ticket_waiters: BTreeMap<Ticket, Vec<Reply<()>>>,
+    /// DLQ records currently in a group's replay lane, so a second replay does not repeat them.
+    replaying: BTreeMap<GroupName, BTreeSet<(Partition, Offset)>>,
+    shutdown: Option<Reply<()>>,
+    last_closed_scan: Instant,
+}
+
+impl EngineTask {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        mesh: Mesh,
+        log: Arc<dyn LogPort>,
+        shared: Arc<Shared>,
+        commands: mpsc::Receiver<Command>,
+        persist_tx: mpsc::Sender<(Ticket, Arc<PersistBatch>)>,
+        events: (mpsc::Sender<Event>, mpsc::Receiver<Event>),
+        fetch_wait_ms: u64,
+        fetch_max_bytes: usize,
+    ) -> Self {
+        Self {
+            mesh,
+            start: Instant::now(),
+            log,
+            shared,
+            commands,
+            events_tx: events.0,
+            events_rx: events.1,
+            persist_tx,
+            fetch_wait_ms,
+            fetch_max_bytes,
+            polls: Polls::default(),
+            to_finish: Vec::new(),
+            flush_waiters: Vec::new(),
+            ticket_waiters: BTreeMap::new(),
+            replaying: BTreeMap::new(),
+            shutdown: None,
+            last_closed_scan: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> Millis {
+        Instant::now().duration_since(self.start).as_millis() as Millis
+    }
+
+    fn handle(&mut self, input: Input) -> Response {
+        let now = self.now_ms();
+        let response = self.mesh.handle(now, input);
+        self.drain();
+        response
+    }
+
+    /// Assigns every partition of `topic` to `group` (the embedded log is owned whole by
+    /// this instance).
+    fn assign_all(&mut self, group: &GroupName, topic: &TopicName) -> Result<(), EngineError> {
+        let partitions = self.log.ensure_topic(topic).map_err(topic_error)?;
+        let mut assignments = Vec::with_capacity(partitions as usize);
+        for p in 0..partitions {
+            let (earliest, end) = self
+                .log
+                .offsets(topic, p)
+                .map_err(EngineError::Unavailable)?;
+            assignments.push(Assignment {
+                partition: p,
+                earliest,
+                end,
+                checkpoint: None,
+            });
+        }
+        match self.handle(Input::PartitionsAssigned {
+            group: group.clone(),
+            partitions: assignments,
+        }) {
+            Response::Refused(r) => Err(EngineError::Refused(r)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Assigns the partitions of every recovered group; called once at start.
+    pub fn assign_recovered(&mut self) -> Result<(), EngineError> {
+        let groups: Vec<(GroupName, TopicName)> = self
+            .mesh
+            .group_names()
+            .filter_map(|g| {
+                self.mesh
+                    .subscription(g)
+                    .map(|s| (g.clone(), s.topic.clone()))
+            })
+            .collect();
+        for (group, topic) in groups {
+            self.assign_all(&group, &topic)?;
+        }
+        self.drain();
+        Ok(())
+    }
+
+    pub async fn run(mut self) {
+        self.drain();
+        loop {
+            let deadline = self.next_deadline();
+            tokio::select! {
+                biased;
+                Some(event) = self.events_rx.recv() => self.on_event(event),
+                command = self.commands.recv() => match command {
+                    Some(c) => self.on_command(c),
+                    None => break,
+                },
+                // Timers are handled by the `on_tick` below, after the batch.
+                _ = sleep_until_opt(deadline) => {}
+            }
+            // Take what else is already waiting before going back to sleep: one wake-up,
+            // many inputs.
+            for _ in 0..256 {
+                if let Ok(event) = self.events_rx.try_recv() {
+                    self.on_event(event);
+                } else if let Ok(command) = self.commands.try_recv() {
+                    self.on_command(command);
+                } else {
+                    break;
+                }
+            }
+            self.on_tick();
+            // Readiness is the core's to decide (the new epoch is durable); say when reached.
+            let ready = self.mesh.is_ready();
+            let was_ready = self.shared.ready.swap(ready, AtomicOrdering::Relaxed);
+            if ready && !was_ready {
+                tracing::info!("ready");
+            }
+            if self.shutdown_complete() {
+                break;
+            }
+        }
+        self.shared.healthy.store(false, AtomicOrdering::Relaxed);
+        self.shared.ready.store(false, AtomicOrdering::Relaxed);
+        for w in self.polls.take_all() {
+            let _ = w.reply.send(Ok(w.got));
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let mesh = self
+            .mesh
+            .poll_timeout()
+            .map(|ms| self.start + Duration::from_millis(ms));
+        let poll = self.polls.next_deadline();
+        match (mesh, poll) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let _ = self.handle(Input::Tick);
+        self.expire_polls();
+        self.finish_pending();
+    }
+
+    fn shutdown_complete(&mut self) -> bool {
+        if self.shutdown.is_none() {
+            return false;
+        }
+        if self.mesh.outstanding_persists() > 0 || !self.flush_waiters.is_empty() {
+            return false;
+        }
+        if let Some(reply) = self.shutdown.take() {
+            let _ = reply.send(Ok(()));
+        }
+        true
+    }
+    // ----- effects -----
+
+    fn drain(&mut self) {
+        while let Some(effect) = self.mesh.poll_effect() {
+            match effect {
+                Effect::Deliver {
+                    group,
+                    client,
+                    delivery,
+                } => self.deliver(group, client, delivery),
+                Effect::Fetch {
+                    group,
+                    topic,
+                    partition,
+                    fetch_id,
+                    from,
+                    max,
+                } => self.fetch(group, topic, partition, fetch_id, from, max),
+                Effect::Persist { ticket, batch } => {
+                    let waiters = std::mem::take(&mut self.flush_waiters);
+                    if !waiters.is_empty() {
+                        self.ticket_waiters
+                            .entry(ticket)
+                            .or_default()
+                            .extend(waiters);
+                    }
+                    self.note_replays(&batch);
+                    let batch: Arc<PersistBatch> = Arc::from(batch);
+                    if self.persist_tx.try_send((ticket, batch)).is_err() {
+                        // The core bounds outstanding persists far below the channel size,
+                        // so this only happens when the writer is gone.
+                        tracing::error!(ticket, "the persist writer is gone; persist failed");
+                        let _ = self.events_tx.try_send(Event::Persisted {
+                            ticket,
+                            result: Err("the persist writer is gone".into()),
+                        });
+                    }
+                }
+                Effect::Skipped {
+                    group,
+                    topic,
+                    partition,
+                    from,
+                    to,
+                    not_done,
+                    reason,
+                } => match reason {
+                    SkipReason::Retention => tracing::warn!(
+                        %group, %topic, partition, from, to, not_done,
+                        "records deleted by retention before the group fetched them"
+                    ),
+                    SkipReason::BrokerTruncated => tracing::error!(
+                        %group, %topic, partition, from, to, not_done,
+                        "the log lost its tail; the group restarts at its new end"
+                    ),
+                },
+                // The embedded log keeps no broker-side group offsets and is not a POP broker.
+                Effect::Commit { .. } | Effect::BrokerAck { .. } => {}
+                other => tracing::warn!(?other, "effect not handled by this shell"),
+            }
+        }
+    }
+
+    fn deliver(&mut self, group: GroupName, client: ClientId, delivery: Delivery) {
+        let key = (group, client);
+        match self.polls.get_mut(&key) {
+            Some(w) => {
+                if w.got.is_empty() {
+                    self.to_finish.push(key.clone());
+                }
+                w.got.push(delivery);
+            }
+            None => {
+                // Credit is withdrawn whenever a poll ends, so this is a race we lost: give
+                // the delivery back at once rather than let it wait out its ACK timeout.
+                tracing::debug!(group = %key.0, client = %key.1, "delivery without a waiting poll");
+                let _ = self.handle(Input::Nack {
+                    group: key.0,
+                    ids: vec![delivery.id],
+                    delay_ms: Some(0),
+                });
+            }
+        }
+    }
+
+    fn fetch(
+        &mut self,
+        group: GroupName,
+        topic: TopicName,
+        partition: Partition,
+        fetch_id: FetchId,
+        from: Offset,
+        max: usize,
+    ) {
+        let log = self.log.clone();
+        let events = self.events_tx.clone();
+        let (wait_ms, max_bytes) = (self.fetch_wait_ms, self.fetch_max_bytes);
+        tokio::spawn(async move {
+            let read = log
+                .fetch(topic, partition, from, max, max_bytes, wait_ms)
+                .await;
+            let result = match read {
+                LogRead::Records(records) => {
+                    FetchResult::Records(records.into_iter().map(decode_record).collect())
+                }
+                LogRead::OutOfRange { earliest, end } => FetchResult::OutOfRange { earliest, end },
+                LogRead::Failed(reason) => {
+                    tracing::warn!(%reason, "fetch failed; the core retries");
+                    FetchResult::Failed { reason }
+                }
+            };
+            let _ = events
+                .send(Event::Fetched {
+                    group,
+                    partition,
+                    fetch_id,
+                    result,
+                })
+                .await;
+        });
+    }
+
+    /// Keeps the set of records in replay lanes current from what is being persisted:
+    /// an ACKed replay is resolved, a failed one is dead-lettered again.
+    fn note_replays(&mut self, batch: &PersistBatch) {
+        for k in &batch.dlq_resolved {
+            if let Some(set) = self.replaying.get_mut(&k.group) {
+                set.remove(&(k.partition, k.offset));
+            }
+        }
+        for d in &batch.dead_letters {
+            if let Some(set) = self.replaying.get_mut(&d.key.group) {
+                set.remove(&(d.key.partition, d.key.offset));
+            }
+        }
+        for g in &batch.removed_groups {
+            self.replaying.remove(g);
+        }
+    }
+
+    // ----- completions -----
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Fetched {
+                group,
+                partition,
+                fetch_id,
+                result,
+            } => {
+                let _ = self.handle(Input::Fetched {
+                    group,
+                    partition,
+                    fetch_id,
+                    result,
+                });
+            }
+            Event::Persisted { ticket, result } => {
+                let waiters = self.ticket_waiters.remove(&ticket).unwrap_or_default();
+                match result {
+                    Ok(()) => {
+                        let _ = self.handle(Input::Persisted { ticket });
+                        for w in waiters {
+                            let _ = w.send(Ok(()));
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::error!(ticket, %reason, "persist failed; progress stays where it was and is retried");
+                        let _ = self.handle(Input::PersistFailed { ticket });
+                        for w in waiters {
+                            let _ = w.send(Err(EngineError::Unavailable(format!(
+                                "the state store failed: {reason}"
+                            ))));
+                        }
+                    }
+                }
+            }
+        }
+        self.finish_pending();
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
