@@ -142,10 +142,11 @@ impl Checker {
     }
 
     /// An operator moved the selected instance's lane to `offset`: below it is skipped,
-    /// from it on redelivered.
+    /// from it on redelivered. The new lane knows the log as it is now.
     pub fn sought(&mut self, now: Millis, group: &GroupName, p: Partition, offset: Offset) {
         self.tick(now);
         let inst = self.current;
+        let knows = self.truncations_of(group, p);
         let Some(g) = self.groups.get_mut(group) else {
             return;
         };
@@ -162,6 +163,7 @@ impl Checker {
         o.key_last.clear();
         o.must_report = None;
         o.delivered_end = 0;
+        o.knows = knows;
         let b = bit(gen);
         if (lane.recs.len() as Offset) < offset {
             lane.recs.resize_with(offset as usize, Rec::default);

@@ -40,6 +40,12 @@ impl Sim {
             },
         )?;
         if r == Some(Response::Ok) {
+            // The new lane's position is of the log as it is now (a seek carries no
+            // leader epoch to validate).
+            let epoch = self.broker.leader_epoch(p);
+            if let Some(h) = self.nodes[n].held.get_mut(&(g, p)) {
+                h.leader_epoch = epoch;
+            }
             let t = self.core_now(n);
             self.check(n).sought(t, &name, p, offset);
         }
