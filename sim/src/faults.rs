@@ -78,6 +78,8 @@ counters!(
     fenced_persists,
     fenced_commits,
     lane_moves,
+    assigned_fresher_than_recovered,
+    assigned_as_recovered,
     leaves,
     zombies,
     session_expiries,

@@ -55,6 +55,11 @@ fn five_hundred_seeds_hold_the_contract() {
         ("fenced_persists", f.fenced_persists),
         ("fenced_commits", f.fenced_commits),
         ("lane_moves", f.lane_moves),
+        (
+            "assigned_fresher_than_recovered",
+            f.assigned_fresher_than_recovered,
+        ),
+        ("assigned_as_recovered", f.assigned_as_recovered),
         ("leaves", f.leaves),
         ("zombies", f.zombies),
         ("session_expiries", f.session_expiries),

@@ -71,6 +71,13 @@ impl Sim {
         let recovered_current = checkpoint.is_some()
             && self.nodes[n].recovered.get(&lane) == checkpoint.as_ref()
             && self.kafka_rng.chance(0.5);
+        let recovered = self.nodes[n].recovered.get(&lane);
+        if recovered_current {
+            self.faults.assigned_as_recovered += 1;
+        } else if recovered.is_some() && recovered != checkpoint.as_ref() {
+            // Another owner wrote since this node started: the core must take this one.
+            self.faults.assigned_fresher_than_recovered += 1;
+        }
         let given = if recovered_current {
             self.nodes[n].recovered.remove(&lane);
             None
