@@ -72,7 +72,7 @@ impl Checker {
             .get(group)
             .and_then(|g| self.logs.get(&(g.topic.clone(), p)))
             .and_then(|l| l.serial_at(o));
-        serial.is_some() && self.dlq.get(&key).copied() == serial
+        serial.is_some_and(|s| self.dlq.get(&key).is_some_and(|held| held.contains(&s)))
     }
 
     /// C6: a POP broker is ACKed for a record only once it is durably done for the group.

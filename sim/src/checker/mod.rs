@@ -129,13 +129,13 @@
 //!   lane that emitted it did not know of; a commit likewise. A lane is done once its
 //!   watermark holds every record the broker still shows (`Checker::log_target`): holes
 //!   after the last record are never seen, so the watermark need not pass them.
-//! - DLQ entries are keyed by coordinates, which a lost tail reuses: a resolution (a
-//!   replay was ACKed) removes an entry only if it still holds the record the resolving
-//!   instance replayed, as the store must (a new record's dead letter written meanwhile
-//!   stays).
+//! - DLQ entries are keyed by coordinates, which a lost tail reuses: the ledger holds one
+//!   entry per record at a key (the lost record's and the new record's dead letters both
+//!   stay), and a resolution (a replay was ACKed) removes the entry of the record the
+//!   resolving instance replayed — as the store must.
 //! - Filters are judged by the checker's own model (`filter`), never by the core's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use unimesh_core::{DeliveryId, DlqKey, GroupName, Millis, Partition, Ticket, TopicName};
@@ -246,8 +246,9 @@ pub struct Checker {
     logs: BTreeMap<(TopicName, Partition), Log>,
     groups: BTreeMap<GroupName, GroupState>,
     issued: HashMap<(Instance, DeliveryId), Issued>,
-    /// The DLQ ledger: each entry with the serial of the record it holds.
-    dlq: BTreeMap<DlqKey, u64>,
+    /// The DLQ ledger: per key, the serials of the records it holds (a lost tail reuses
+    /// coordinates: the lost record's and the new record's may both be there).
+    dlq: BTreeMap<DlqKey, BTreeSet<u64>>,
     /// The record each instance last delivered from its replay lane, per DLQ key: what a
     /// resolution of that key by that instance refers to.
     replayed: BTreeMap<(Instance, DlqKey), u64>,

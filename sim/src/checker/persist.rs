@@ -115,9 +115,9 @@ impl Checker {
 
     /// The groups a batch of `inst` removes, the dead letters it writes (C5: each only
     /// after its last allowed attempt failed, a durable ledger said the attempts ran out,
-    /// or it cannot be decoded) and the dead letters it resolves — each only if it still
-    /// holds the record `inst` replayed (a dead letter of a new record at the same
-    /// coordinates, after the broker lost its tail, stays).
+    /// or it cannot be decoded) and the dead letters it resolves — the entry of the record
+    /// `inst` replayed (a dead letter of a new record at the same coordinates, after the
+    /// broker lost its tail, stays).
     fn apply_dead_letter_changes(&mut self, batch: &PersistBatch, inst: super::Instance) -> Check {
         for name in &batch.removed_groups {
             self.groups.remove(name);
@@ -168,12 +168,20 @@ impl Checker {
                     ),
                 );
             }
-            self.dlq.insert(d.key.clone(), serial);
+            self.dlq.entry(d.key.clone()).or_default().insert(serial);
         }
         for k in &batch.dlq_resolved {
-            let replayed = self.replayed.get(&(inst, k.clone()));
-            if replayed.is_none_or(|s| self.dlq.get(k) == Some(s)) {
-                self.dlq.remove(k);
+            let replayed = self.replayed.get(&(inst, k.clone())).copied();
+            if let Some(serials) = self.dlq.get_mut(k) {
+                match replayed {
+                    Some(s) => {
+                        serials.remove(&s);
+                    }
+                    None => serials.clear(),
+                }
+                if serials.is_empty() {
+                    self.dlq.remove(k);
+                }
             }
         }
         Ok(())
@@ -247,11 +255,13 @@ impl Checker {
                 absent_done += 1;
                 return true;
             }
-            let dead_lettered = dlq.get(&DlqKey {
-                group: c.group.clone(),
-                partition: c.partition,
-                offset: o,
-            }) == Some(&r.serial);
+            let dead_lettered = dlq
+                .get(&DlqKey {
+                    group: c.group.clone(),
+                    partition: c.partition,
+                    offset: o,
+                })
+                .is_some_and(|s| s.contains(&r.serial));
             let filtered_out = r
                 .meta
                 .as_ref()

@@ -12,11 +12,12 @@
 //! checkpoint written before the broker lost its tail (nothing done at or above the
 //! divergence point: those offsets name new records).
 //!
-//! DLQ entries are keyed by their record's coordinates, which a lost tail reuses. A batch
-//! resolving an entry (its replay was ACKed) deletes it only if the entry still holds the
-//! record that instance was given to replay: a dead letter of a new record at the same
-//! coordinates, written meanwhile, stays (the shell knows what it replayed; the core's
-//! resolution names only the key).
+//! DLQ entries are keyed by their record's coordinates, which a lost tail reuses: the
+//! ledger keeps one entry per *record* at a key (writing a record's dead letter again
+//! replaces its own entry: exactly once per group and record), so the dead letters of a
+//! lost record and of the new record at its offset both stay. A batch resolving a key (a
+//! replay was ACKed) deletes the entry of the record that instance was given to replay
+//! (the shell knows what it replayed; the core's resolution names only the key).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -64,7 +65,8 @@ pub struct Store {
     epochs: BTreeMap<NodeId, Epoch>,
     subscriptions: BTreeMap<GroupName, SubscriptionSpec>,
     checkpoints: BTreeMap<(GroupName, Partition), Stored>,
-    dlq: BTreeMap<DlqKey, DeadLetter>,
+    /// Per key, one entry per record (in the order first written).
+    dlq: BTreeMap<DlqKey, Vec<DeadLetter>>,
     pending: BTreeMap<NodeId, VecDeque<Pending>>,
     /// The record each instance was last given to replay, per DLQ key.
     replayed: BTreeMap<(NodeId, DlqKey), Record>,
@@ -138,13 +140,19 @@ impl Store {
             );
         }
         for d in &batch.dead_letters {
-            self.dlq.insert(d.key.clone(), d.clone());
+            let entries = self.dlq.entry(d.key.clone()).or_default();
+            match entries.iter_mut().find(|e| e.record.meta == d.record.meta) {
+                Some(e) => *e = d.clone(),
+                None => entries.push(d.clone()),
+            }
         }
         for k in &batch.dlq_resolved {
             let replayed = self.replayed.get(&(node, k.clone()));
-            let same = |d: &DeadLetter| replayed.is_none_or(|r| r.meta == d.record.meta);
-            if self.dlq.get(k).is_some_and(same) {
-                self.dlq.remove(k);
+            if let Some(entries) = self.dlq.get_mut(k) {
+                entries.retain(|d| replayed.is_some_and(|r| r.meta != d.record.meta));
+                if entries.is_empty() {
+                    self.dlq.remove(k);
+                }
             }
         }
         if let Some(e) = batch.epoch {
@@ -217,8 +225,8 @@ impl Store {
             .dlq
             .iter()
             .filter(|(k, _)| k.group == *g)
+            .flat_map(|(k, entries)| entries.iter().map(|d| (k.partition, d.record.clone())))
             .take(max)
-            .map(|(k, d)| (k.partition, d.record.clone()))
             .collect();
         for (p, r) in &out {
             let key = DlqKey {
@@ -231,8 +239,9 @@ impl Store {
         out
     }
 
+    /// Dead letters held (one per group and record).
     pub fn dlq_len(&self) -> usize {
-        self.dlq.len()
+        self.dlq.values().map(Vec::len).sum()
     }
 
     // The store as one mesh sees it (instance 0, nothing fenced or clipped): what a
