@@ -1,0 +1,242 @@
+//! The checker's rules for the Kafka world, each shown to fail on the observation it
+//! forbids and to pass on the one it allows: fencing of zombies, reports of a lost tail,
+//! ACKs of lost records, offsets done by absence. Driven through the public hooks only, as
+//! another harness would drive them.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use unimesh_core::{
+    Checkpoint, ClientId, Delivery, DeliveryId, EventMeta, GroupName, LaneCheckpoint, PersistBatch,
+    Progress, Record, RecordMeta, Response, Settle, SkipReason, SubscriptionSpec, TopicName,
+};
+use unimesh_sim::{Checker, Clause, SettleKind};
+
+fn topic() -> TopicName {
+    TopicName::new("t").unwrap()
+}
+fn group() -> GroupName {
+    GroupName::new("g").unwrap()
+}
+fn client() -> ClientId {
+    ClientId::new("c").unwrap()
+}
+
+fn record(offset: u64, id: &str) -> Record {
+    Record {
+        offset,
+        meta: RecordMeta::Event(Arc::new(EventMeta {
+            id: id.into(),
+            ty: "t".into(),
+            ..EventMeta::default()
+        })),
+        body: Bytes::new(),
+        broker_handle: None,
+    }
+}
+
+fn checkpoint(watermark: u64) -> PersistBatch {
+    PersistBatch {
+        checkpoints: vec![LaneCheckpoint {
+            group: group(),
+            topic: topic(),
+            partition: 0,
+            checkpoint: Checkpoint {
+                progress: Progress::new(watermark),
+                attempts: vec![],
+            },
+        }],
+        ..PersistBatch::default()
+    }
+}
+
+/// A checker with group `g` on `t/0`, records `0..n` published, and instance `inst`
+/// started (its epoch durable) and given the lane.
+fn world(n: u64, inst: u32) -> Checker {
+    let mut c = Checker::default();
+    c.add_group(&SubscriptionSpec::new(group(), topic()));
+    for o in 0..n {
+        c.published(&topic(), 0, &record(o, &format!("e{o}")))
+            .unwrap();
+    }
+    start(&mut c, inst);
+    c
+}
+
+fn start(c: &mut Checker, inst: u32) {
+    let epoch = PersistBatch {
+        epoch: Some(1),
+        ..PersistBatch::default()
+    };
+    let c = c.instance(inst);
+    c.started(0, 1).unwrap();
+    c.persist_emitted(1, &epoch).unwrap();
+    c.persist_applied(1, &epoch).unwrap();
+    c.persist_notified(1);
+    c.assigned(&group(), 0);
+}
+
+fn deliver(c: &mut Checker, offset: u64, id: &str, lease: u64) -> DeliveryId {
+    let d = Delivery {
+        id: DeliveryId {
+            epoch: 1,
+            lease,
+            partition: 0,
+            offset,
+            attempt: 1,
+        },
+        attempt: 1,
+        topic: topic(),
+        partition: 0,
+        record: record(offset, id),
+    };
+    c.client_poll(&group(), &client(), 1, true);
+    c.delivered(0, &group(), &client(), &d).unwrap();
+    d.id
+}
+
+fn ack(c: &mut Checker, id: DeliveryId) {
+    let ok = Response::Settled(vec![Settle::Accepted]);
+    c.settled(0, &group(), SettleKind::Ack, &[id], &ok).unwrap();
+}
+
+/// Goal: nothing a zombie writes becomes durable. Method: instance 1 is given the lane
+/// while instance 0 still holds it; a checkpoint instance 0 then writes is applied.
+#[test]
+fn a_zombies_checkpoint_made_durable_breaks_c3() {
+    let mut c = world(2, 0);
+    let id = deliver(&mut c, 0, "e0", 1);
+    ack(&mut c, id);
+    start(&mut c, 1);
+    let batch = checkpoint(1);
+    let c0 = c.instance(0);
+    c0.persist_emitted(2, &batch).unwrap();
+    let v = c0.persist_applied(2, &batch).unwrap_err();
+    assert_eq!(v.clause, Clause::C3, "{v}");
+    assert!(v.message.contains("must be fenced"), "{v}");
+    // Instance 1's own write is fine.
+    let mut c = world(2, 0);
+    start(&mut c, 1);
+    let c1 = c.instance(1);
+    c1.persist_emitted(2, &checkpoint(0)).unwrap();
+    c1.persist_applied(2, &checkpoint(0)).unwrap();
+}
+
+/// Goal: a lane reports as lost only what the broker lost and the lane had not heard of.
+/// Method: the broker loses `[3, 5)`; a report from 3 passes, one from 1 fails, and once
+/// the lane knows (a fetch answer went through) another report fails.
+#[test]
+fn a_reported_loss_must_be_one_the_broker_had() {
+    let mut c = world(5, 0);
+    c.truncated(&topic(), 0, 3).unwrap();
+    let v = c
+        .skipped(&group(), 0, 1, 5, SkipReason::BrokerTruncated)
+        .unwrap_err();
+    assert_eq!(v.clause, Clause::C1, "{v}");
+    assert!(v.message.contains("new_end: 3"), "{v}");
+    let mut c = world(5, 0);
+    c.truncated(&topic(), 0, 3).unwrap();
+    c.skipped(&group(), 0, 3, 5, SkipReason::BrokerTruncated)
+        .unwrap();
+    c.fetch_answered(&group(), 0).unwrap();
+    let v = c
+        .skipped(&group(), 0, 3, 5, SkipReason::BrokerTruncated)
+        .unwrap_err();
+    assert_eq!(v.clause, Clause::C1, "{v}");
+    assert!(v.message.contains("had not heard of are []"), "{v}");
+}
+
+/// Goal: a loss of records the mesh had delivered is never silent. Method: record 4 is
+/// delivered, the broker loses `[3, 5)`, and the lane's next fetch answer goes through
+/// with no report.
+#[test]
+fn a_lost_delivered_record_must_be_reported_before_the_next_fetch() {
+    let mut c = world(5, 0);
+    deliver(&mut c, 4, "e4", 1);
+    c.truncated(&topic(), 0, 3).unwrap();
+    let v = c.fetch_answered(&group(), 0).unwrap_err();
+    assert_eq!(v.clause, Clause::C1, "{v}");
+    assert!(v.message.contains("without reporting the loss"), "{v}");
+    // Reported first: fine.
+    let mut c = world(5, 0);
+    deliver(&mut c, 4, "e4", 1);
+    c.truncated(&topic(), 0, 3).unwrap();
+    c.skipped(&group(), 0, 3, 5, SkipReason::BrokerTruncated)
+        .unwrap();
+    c.fetch_answered(&group(), 0).unwrap();
+}
+
+/// Goal: an ACK of a record the broker lost justifies nothing about the record that
+/// reuses its offset. Method: record 1 is delivered and ACKed, the broker loses it, a new
+/// record takes offset 1, and a checkpoint of the lane (which heard of the loss) marks 1
+/// done.
+#[test]
+fn an_ack_of_a_lost_record_does_not_make_its_successor_done() {
+    let mut c = world(2, 0);
+    let id = deliver(&mut c, 0, "e0", 1);
+    ack(&mut c, id);
+    let id = deliver(&mut c, 1, "e1", 1);
+    ack(&mut c, id);
+    c.truncated(&topic(), 0, 1).unwrap();
+    c.skipped(&group(), 0, 1, 2, SkipReason::BrokerTruncated)
+        .unwrap();
+    c.fetch_answered(&group(), 0).unwrap();
+    c.published(&topic(), 0, &record(1, "a-new-record"))
+        .unwrap();
+    c.persist_emitted(2, &checkpoint(2)).unwrap();
+    let v = c.persist_applied(2, &checkpoint(2)).unwrap_err();
+    assert_eq!(v.clause, Clause::C1, "{v}");
+    assert!(v.message.contains("offset 1 made durable as done"), "{v}");
+    // The new record's own ACK makes it done.
+    let mut c = world(2, 0);
+    let id = deliver(&mut c, 0, "e0", 1);
+    ack(&mut c, id);
+    c.truncated(&topic(), 0, 1).unwrap();
+    c.fetch_answered(&group(), 0).unwrap();
+    c.published(&topic(), 0, &record(1, "a-new-record"))
+        .unwrap();
+    let id = deliver(&mut c, 1, "a-new-record", 2);
+    ack(&mut c, id);
+    c.persist_emitted(2, &checkpoint(2)).unwrap();
+    c.persist_applied(2, &checkpoint(2)).unwrap();
+}
+
+/// Goal: an offset may be done by absence — a hole, or a record compaction removed — but
+/// only once the broker stopped showing it when the checkpoint was written. Method: holes
+/// at 1 and 2 are done with records 0 and 3 ACKed; a compacted record is done only by a
+/// checkpoint emitted after the compaction.
+#[test]
+fn gaps_are_done_by_absence_only() {
+    let mut c = world(1, 0);
+    c.holes(&topic(), 0, 1, 3).unwrap();
+    c.published(&topic(), 0, &record(3, "e3")).unwrap();
+    for (o, id) in [(0, "e0"), (3, "e3")] {
+        let d = deliver(&mut c, o, id, 1);
+        ack(&mut c, d);
+    }
+    c.persist_emitted(2, &checkpoint(4)).unwrap();
+    c.persist_applied(2, &checkpoint(4)).unwrap();
+    // Compaction of record 1, after or before the checkpoint was written.
+    for compacted_first in [true, false] {
+        let mut c = world(3, 0);
+        for (o, id) in [(0, "e0"), (2, "e2")] {
+            let d = deliver(&mut c, o, id, 1);
+            ack(&mut c, d);
+        }
+        if compacted_first {
+            c.compacted(&topic(), 0, 1).unwrap();
+        }
+        c.persist_emitted(2, &checkpoint(3)).unwrap();
+        if !compacted_first {
+            c.compacted(&topic(), 0, 1).unwrap();
+        }
+        let r = c.persist_applied(2, &checkpoint(3));
+        match r {
+            Ok(()) => assert!(compacted_first),
+            Err(v) => {
+                assert!(!compacted_first, "{v}");
+                assert!(v.message.contains("offset 1 made durable as done"), "{v}");
+            }
+        }
+    }
+}
