@@ -17,7 +17,11 @@
 //! replaces its own entry: exactly once per group and record), so the dead letters of a
 //! lost record and of the new record at its offset both stay. A batch resolving a key (a
 //! replay was ACKed) deletes the entry of the record that instance was given to replay
-//! (the shell knows what it replayed; the core's resolution names only the key).
+//! (the shell knows what it replayed; the core's resolution names only the key). So that
+//! this is never ambiguous where a key can hold two records (after a lost tail), an
+//! instance is then given at most one record of a key to replay at a time: the next only
+//! once a batch of that instance resolved the key or dead-lettered the record again (or
+//! the instance died).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -68,7 +72,7 @@ pub struct Store {
     /// Per key, one entry per record (in the order first written).
     dlq: BTreeMap<DlqKey, Vec<DeadLetter>>,
     pending: BTreeMap<NodeId, VecDeque<Pending>>,
-    /// The record each instance was last given to replay, per DLQ key.
+    /// The record each instance is replaying, per DLQ key (at most one).
     replayed: BTreeMap<(NodeId, DlqKey), Record>,
 }
 
@@ -140,6 +144,15 @@ impl Store {
             );
         }
         for d in &batch.dead_letters {
+            let in_replay = (node, d.key.clone());
+            if self
+                .replayed
+                .get(&in_replay)
+                .is_some_and(|r| r.meta == d.record.meta)
+            {
+                // Its replay failed again: the replay is over.
+                self.replayed.remove(&in_replay);
+            }
             let entries = self.dlq.entry(d.key.clone()).or_default();
             match entries.iter_mut().find(|e| e.record.meta == d.record.meta) {
                 Some(e) => *e = d.clone(),
@@ -147,7 +160,8 @@ impl Store {
             }
         }
         for k in &batch.dlq_resolved {
-            let replayed = self.replayed.get(&(node, k.clone()));
+            let replayed = self.replayed.remove(&(node, k.clone()));
+            let replayed = replayed.as_ref();
             if let Some(entries) = self.dlq.get_mut(k) {
                 entries.retain(|d| replayed.is_some_and(|r| r.meta != d.record.meta));
                 if entries.is_empty() {
@@ -172,6 +186,7 @@ impl Store {
         if let Some(q) = self.pending.get_mut(&node) {
             q.clear();
         }
+        self.replayed.retain(|(n, _), _| *n != node);
     }
 
     /// The checkpoint of a lane as a reader sees it: clipped where the broker lost its
@@ -215,28 +230,41 @@ impl Store {
 
     /// Up to `max` dead letters of a group, oldest key first, for a replay by `node`
     /// (remembered, to tell what a later resolution of their keys refers to).
+    /// With `exclusive`, keys `node` is replaying already are left out (see the module
+    /// documentation; needed once a key can hold two records).
     pub fn dead_letters_for(
         &mut self,
         node: NodeId,
         g: &GroupName,
         max: usize,
+        exclusive: bool,
     ) -> Vec<(Partition, Record)> {
-        let out: Vec<(Partition, Record)> = self
+        let replayed = &self.replayed;
+        let out: Vec<(DlqKey, Record)> = self
             .dlq
             .iter()
-            .filter(|(k, _)| k.group == *g)
-            .flat_map(|(k, entries)| entries.iter().map(|d| (k.partition, d.record.clone())))
+            .filter(|(k, _)| {
+                k.group == *g && !(exclusive && replayed.contains_key(&(node, (*k).clone())))
+            })
+            .filter_map(|(k, entries)| Some((k.clone(), entries.first()?.record.clone())))
             .take(max)
             .collect();
-        for (p, r) in &out {
+        for (key, r) in &out {
+            self.replayed.insert((node, key.clone()), r.clone());
+        }
+        out.into_iter().map(|(k, r)| (k.partition, r)).collect()
+    }
+
+    /// The mesh of `node` refused a replay: those records are not in replay there.
+    pub fn replay_refused(&mut self, node: NodeId, g: &GroupName, records: &[(Partition, Record)]) {
+        for (p, r) in records {
             let key = DlqKey {
                 group: g.clone(),
                 partition: *p,
                 offset: r.offset,
             };
-            self.replayed.insert((node, key), r.clone());
+            self.replayed.remove(&(node, key));
         }
-        out
     }
 
     /// Dead letters held (one per group and record).
@@ -291,7 +319,7 @@ impl Store {
 
     /// Up to `max` dead letters of a group, oldest key first, for a replay.
     pub fn dead_letters(&mut self, g: &GroupName, max: usize) -> Vec<(Partition, Record)> {
-        self.dead_letters_for(0, g, max)
+        self.dead_letters_for(0, g, max, false)
     }
 }
 

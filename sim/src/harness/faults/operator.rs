@@ -85,19 +85,24 @@ impl Sim {
         let g = self.rng.index(self.groups.len());
         let name = self.groups[g].name.clone();
         let max = self.rng.range(1, 6) as usize;
-        let records = self.store.dead_letters_for(n as u32, &name, max);
+        // A key holds two records only after a lost tail (the Kafka world).
+        let exclusive = self.kafka().is_some();
+        let records = self.store.dead_letters_for(n as u32, &name, max, exclusive);
         if records.is_empty() {
             return Ok(());
         }
         self.faults.replays += 1;
         self.note(n, "replay", [g as u64, records.len() as u64, 0, 0]);
-        self.input(
+        let r = self.input(
             n,
             Input::Replay {
-                group: name,
-                records,
+                group: name.clone(),
+                records: records.clone(),
             },
         )?;
+        if matches!(r, Some(Response::Refused(_))) {
+            self.store.replay_refused(n as u32, &name, &records);
+        }
         self.drain(n)
     }
 }
