@@ -30,6 +30,7 @@ macro_rules! counters {
 
 counters!(
     kills,
+    graceful_stops,
     restarts,
     clock_jumps,
     append_failures,
@@ -46,6 +47,7 @@ counters!(
     seeks,
     replays,
     evictions,
+    updates,
     publish_retries,
     polls_vanished,
     responses_lost,

@@ -35,6 +35,14 @@ pub async fn kills(world: Arc<World>, node: NodeId, mut rng: Rng) {
         if !world.faults_on() || world.failure().is_some() {
             return;
         }
+        if rng.chance(f.graceful_stop) {
+            // SIGTERM first: the engine flushes, answers its polls and stops taking
+            // requests; then the process exits.
+            let stop = call(&world, 0, |h| async move { h.shutdown().await });
+            if let Ok(Ok(Ok(()))) = tokio::time::timeout(Duration::from_secs(2), stop).await {
+                world.count(|c| &mut c.graceful_stops);
+            }
+        }
         Handle::current().kill(node);
         world.crashed();
         let down = rng.range(0, f.down_ms);
@@ -77,12 +85,16 @@ pub async fn operator(
     let mut seek = next(&mut rng, f.seek_every_ms);
     let mut replay = next(&mut rng, f.replay_every_ms);
     let mut evict = next(&mut rng, f.evict_every_ms);
+    let mut update = next(&mut rng, f.update_every_ms);
     loop {
-        let Some(wait) = [seek, replay, evict].into_iter().flatten().min() else {
+        let Some(wait) = [seek, replay, evict, update].into_iter().flatten().min() else {
             return;
         };
         tokio::time::sleep(wait).await;
-        for d in [&mut seek, &mut replay, &mut evict].into_iter().flatten() {
+        for d in [&mut seek, &mut replay, &mut evict, &mut update]
+            .into_iter()
+            .flatten()
+        {
             *d = d.saturating_sub(wait);
         }
         if !world.faults_on() || world.failure().is_some() {
@@ -117,6 +129,23 @@ pub async fn operator(
             .await;
             if matches!(answer, Ok(Ok(n)) if n > 0) {
                 world.count(|c| &mut c.evictions);
+            }
+        }
+        if update.is_some_and(|d| d.is_zero()) {
+            update = next(&mut rng, f.update_every_ms);
+            let group = &groups[rng.index(groups.len())];
+            if let Some(mut spec) = world.live_spec(group) {
+                spec.ack_timeout_ms = rng.range(50, 800);
+                spec.max_in_flight_per_client = rng.range(1, 8) as u32;
+                let answer = call(
+                    &world,
+                    delay,
+                    move |h| async move { h.subscribe(spec).await },
+                )
+                .await;
+                if matches!(answer, Ok(Ok(false))) {
+                    world.count(|c| &mut c.updates);
+                }
             }
         }
     }

@@ -54,6 +54,9 @@ pub struct FaultRates {
     /// Mean time between kills of the mesh node (0: none), and the longest downtime.
     pub kill_every_ms: Millis,
     pub down_ms: Millis,
+    /// Chance that a kill is preceded by a graceful stop (what SIGTERM does: flush, answer
+    /// the polls, stop taking requests).
+    pub graceful_stop: f64,
     /// Mean time between forward jumps of the clock (a suspended VM).
     pub clock_jump_every_ms: Millis,
     /// Appends: refused, or refused although written; the time one takes to sync.
@@ -77,10 +80,12 @@ pub struct FaultRates {
     /// Mean time between records written to the broker by something else than the mesh
     /// (bytes that do not decode as an event).
     pub foreign_every_ms: Millis,
-    /// Operators: seeks, DLQ replays, client evictions.
+    /// Operators: seeks, DLQ replays, client evictions, new settings for a group (its ACK
+    /// timeout and in-flight bound).
     pub seek_every_ms: Millis,
     pub replay_every_ms: Millis,
     pub evict_every_ms: Millis,
+    pub update_every_ms: Millis,
     /// Longest delay of a request on its way to the mesh.
     pub net_delay_ms: Millis,
 }
@@ -188,6 +193,7 @@ impl Options {
         let faults = FaultRates {
             kill_every_ms: maybe_every(&mut rng, 200, 2_000),
             down_ms: rng.range(0, 300),
+            graceful_stop: maybe(&mut rng, 0.1, 0.5),
             clock_jump_every_ms: maybe_every(&mut rng, 500, 3_000),
             append_fail: maybe(&mut rng, 0.01, 0.15),
             append_fail_written: maybe(&mut rng, 0.01, 0.15),
@@ -206,6 +212,7 @@ impl Options {
             seek_every_ms: maybe_every(&mut rng, 300, 2_000),
             replay_every_ms: maybe_every(&mut rng, 200, 1_500),
             evict_every_ms: maybe_every(&mut rng, 300, 2_000),
+            update_every_ms: maybe_every(&mut rng, 300, 2_000),
             net_delay_ms: rng.range(0, 3),
         };
         let engine = EngineOptions {

@@ -58,6 +58,10 @@ struct Inner {
     last_applied: Option<Ticket>,
     /// The spec the mesh took when each group was first created (retries send it again).
     specs: BTreeMap<GroupName, SubscriptionSpec>,
+    /// Each group's settings as the live mesh has them, and as the store has them (a crash
+    /// undoes an update that was not durable yet).
+    live_specs: BTreeMap<GroupName, SubscriptionSpec>,
+    durable_specs: BTreeMap<GroupName, SubscriptionSpec>,
     /// The event id of every durable record (None: it does not decode), by position.
     ids: BTreeMap<(TopicName, Partition), Vec<Option<String>>>,
     tracker: Tracker,
@@ -102,6 +106,8 @@ impl World {
                 persisting: BTreeMap::new(),
                 last_applied: None,
                 specs: BTreeMap::new(),
+                live_specs: BTreeMap::new(),
+                durable_specs: BTreeMap::new(),
                 ids: BTreeMap::new(),
                 tracker: Tracker::default(),
                 front: None,
@@ -191,6 +197,17 @@ impl World {
         w.note(t, "clock-jump", [by.as_millis() as u64, 0, 0, 0]);
     }
 
+    /// Whether retention may delete now: once every group's start on every partition is
+    /// durable (a group that never had a durable position legitimately starts at whatever
+    /// is earliest then, as in the core's simulation).
+    pub fn retention_allowed(&self) -> bool {
+        let w = self.lock();
+        self.opts.groups.iter().all(|g| {
+            GroupName::new(&g.name)
+                .is_ok_and(|name| (0..self.opts.partitions).all(|p| w.checker.is_pinned(&name, p)))
+        })
+    }
+
     /// Runs `f` on the checker (read-only questions at the end of a run).
     pub fn with_checker<T>(&self, f: impl FnOnce(&Checker) -> T) -> T {
         f(&self.lock().checker)
@@ -226,6 +243,11 @@ impl World {
         self.lock().specs.get(&spec.group).cloned().unwrap_or(spec)
     }
 
+    /// The settings the live mesh has for `group`.
+    pub fn live_spec(&self, group: &GroupName) -> Option<SubscriptionSpec> {
+        self.lock().live_specs.get(group).cloned()
+    }
+
     // ----- the process -----
 
     /// The node was killed: the mesh's memory and every write not yet durable are gone.
@@ -241,6 +263,16 @@ impl World {
         w.note(t, "kill", [0; 4]);
         if w.failure.is_none() {
             w.checker.crashed(t);
+        }
+        // Updates that were not durable are gone with the process.
+        let undone: Vec<SubscriptionSpec> = w
+            .live_specs
+            .iter()
+            .filter_map(|(g, live)| w.durable_specs.get(g).filter(|d| *d != live).cloned())
+            .collect();
+        for spec in undone {
+            w.checker.update_group(&spec);
+            w.live_specs.insert(spec.group.clone(), spec);
         }
     }
 
@@ -316,6 +348,9 @@ impl World {
             }
         }
         w.last_applied = Some(ticket);
+        for spec in &batch.subscriptions {
+            w.durable_specs.insert(spec.group.clone(), spec.clone());
+        }
         let r = w.checker.persist_applied(ticket, batch);
         w.check(r);
     }
@@ -529,10 +564,13 @@ impl Inner {
             }
             Input::Subscribe(spec) if ok => {
                 self.note(t, "subscribe", [0; 4]);
-                if !self.specs.contains_key(&spec.group) {
+                if self.specs.contains_key(&spec.group) {
+                    self.checker.update_group(spec);
+                } else {
                     self.checker.add_group(spec);
                     self.specs.insert(spec.group.clone(), spec.clone());
                 }
+                self.live_specs.insert(spec.group.clone(), spec.clone());
             }
             Input::Persisted { ticket } => {
                 self.note(t, "persisted", [*ticket, 0, 0, 0]);

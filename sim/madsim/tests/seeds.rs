@@ -1,7 +1,8 @@
 //! The shell under madsim, seed by seed (built only with `RUSTFLAGS="--cfg madsim"`).
 //!
-//! - `sweep`: `UNIMESH_MADSIM_SEEDS` seeds (default 200) from `UNIMESH_MADSIM_FROM`
-//!   (default 0); every failure is printed with its seed, options and last steps.
+//! - `sweep`: `MADSIM_TEST_NUM` seeds (default 200) from `MADSIM_TEST_SEED` (default 0),
+//!   madsim's own variables; every failure is printed with its seed, options, the faults
+//!   injected, the last steps and the command that replays it.
 //! - `replay`: the seed in `MADSIM_TEST_SEED` (default 0), with its report.
 //! - `same_seed_same_trace`: a seed run twice gives the same trace hash, and another seed
 //!   another one; with `MADSIM_TEST_CHECK_DETERMINISM` set, the seed also goes through
@@ -20,8 +21,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn sweep() {
-    let n = env_u64("UNIMESH_MADSIM_SEEDS", 200);
-    let from = env_u64("UNIMESH_MADSIM_FROM", 0);
+    let n = env_u64("MADSIM_TEST_NUM", 200);
+    let from = env_u64("MADSIM_TEST_SEED", 0);
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     let mut counts = unimesh_sim_shell::Counts::default();
@@ -40,8 +41,10 @@ fn sweep() {
         n as f64 / secs.max(1e-9)
     );
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
-    // A sweep that injected nothing proves nothing.
-    assert!(counts.kills > 0 && counts.fetch_duplicates > 0 && counts.persist_failures > 0);
+    // A sweep of many seeds that injected nothing proves nothing.
+    if n >= 50 {
+        assert!(counts.kills > 0 && counts.fetch_duplicates > 0 && counts.persist_failures > 0);
+    }
 }
 
 #[test]

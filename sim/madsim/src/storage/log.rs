@@ -237,10 +237,14 @@ impl LogPort for SimLog {
             .ok_or_else(|| format!("unknown partition {topic}/{partition}"))
     }
 
-    /// A retention pass: while faults last, now and then a prefix of one partition goes.
+    /// A retention pass: while faults last, now and then a prefix of one partition goes
+    /// (once every group's start is durable: see [`World::retention_allowed`]).
     fn enforce_retention(&self) -> Result<usize, String> {
         let rate = self.world.opts.faults.retention;
         if !self.world.faults_on() || !self.draw(|r| r.chance(rate)) {
+            return Ok(0);
+        }
+        if !self.world.retention_allowed() {
             return Ok(0);
         }
         match self.draw(|r| self.disk.delete_prefix(r)) {
