@@ -95,11 +95,21 @@ impl Tracker {
         }
     }
 
-    /// The mesh was told the client left: it takes back what the client held.
+    /// The mesh was told the client left: it takes back what the client held. What was
+    /// handed to a poll that already ended is on its way to the request all the same (an
+    /// eviction ends the client's poll first), so it stays owed.
     pub fn gone(&mut self, group: &GroupName, client: &ClientId) {
         let key = (group.clone(), client.clone());
-        for id in self.by_key.remove(&key).unwrap_or_default() {
-            self.out.remove(&id);
+        let open: Vec<DeliveryId> = self
+            .by_key
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter(|id| self.out.get(id).is_some_and(|o| o.closed.is_none()))
+            .copied()
+            .collect();
+        for id in open {
+            self.remove(&id);
         }
     }
 
