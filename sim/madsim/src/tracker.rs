@@ -242,3 +242,140 @@ impl Tracker {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use unimesh_core::{Record, RecordMeta, RejectReason, TopicName};
+
+    use super::*;
+
+    fn names() -> (GroupName, ClientId) {
+        (GroupName::new("g").unwrap(), ClientId::new("c").unwrap())
+    }
+
+    fn id(offset: u64) -> DeliveryId {
+        DeliveryId {
+            epoch: 1,
+            lease: 1,
+            partition: 0,
+            offset,
+            attempt: 1,
+        }
+    }
+
+    fn delivery(offset: u64) -> Delivery {
+        Delivery {
+            id: id(offset),
+            attempt: 1,
+            topic: TopicName::new("t").unwrap(),
+            partition: 0,
+            record: Record {
+                offset,
+                meta: RecordMeta::Undecodable(Arc::from("test")),
+                body: bytes::Bytes::new(),
+                broker_handle: None,
+            },
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_delivery_of_an_ended_poll_must_be_received_or_given_back_at_once() {
+        let (g, c) = names();
+        let mut t = Tracker::default();
+        t.delivered(&g, &c, id(1));
+        t.delivered(&g, &c, id(2));
+        t.credit(&g, &c, 0, ms(10));
+        assert!(t.check(ms(10), false).is_ok(), "not due yet");
+        t.received(&g, &c, 2, &[delivery(1)]).unwrap();
+        let v = t.check(ms(12), false).unwrap_err();
+        assert_eq!(v.clause, Clause::C1);
+        assert!(v.message.contains("1.1.0.2.1"), "{v}");
+    }
+
+    #[test]
+    fn given_back_or_received_in_time_is_fine_and_an_open_poll_is_owed_only_at_the_end() {
+        let (g, c) = names();
+        let mut t = Tracker::default();
+        t.delivered(&g, &c, id(1));
+        t.delivered(&g, &c, id(2));
+        t.credit(&g, &c, 0, ms(10));
+        t.settled(&[id(1)]);
+        t.received(&g, &c, 1, &[delivery(2)]).unwrap();
+        assert!(t.check(ms(50), true).is_ok());
+        t.delivered(&g, &c, id(3));
+        assert!(t.check(ms(60), false).is_ok());
+        assert_eq!(t.check(ms(60), true).unwrap_err().clause, Clause::C1);
+    }
+
+    #[test]
+    fn an_eviction_keeps_what_is_on_its_way_to_the_ended_poll() {
+        let (g, c) = names();
+        let mut t = Tracker::default();
+        t.delivered(&g, &c, id(1));
+        t.credit(&g, &c, 0, ms(10));
+        t.gone(&g, &c);
+        t.received(&g, &c, 1, &[delivery(1)]).unwrap();
+        assert!(t.check(ms(20), true).is_ok());
+    }
+
+    #[test]
+    fn a_poll_answer_holds_only_what_the_mesh_handed_that_client_once_within_max() {
+        let (g, c) = names();
+        let other = ClientId::new("other").unwrap();
+        let mut t = Tracker::default();
+        t.delivered(&g, &other, id(1));
+        assert_eq!(
+            t.received(&g, &c, 5, &[delivery(1)]).unwrap_err().clause,
+            Clause::C8
+        );
+        t.delivered(&g, &c, id(2));
+        t.received(&g, &c, 5, &[delivery(2)]).unwrap();
+        assert_eq!(
+            t.received(&g, &c, 5, &[delivery(2)]).unwrap_err().clause,
+            Clause::C8
+        );
+        t.delivered(&g, &c, id(3));
+        t.delivered(&g, &c, id(4));
+        let two = [delivery(3), delivery(4)];
+        assert_eq!(t.received(&g, &c, 1, &two).unwrap_err().clause, Clause::C8);
+    }
+
+    #[test]
+    fn a_settle_answer_must_be_one_the_mesh_gave() {
+        let (g, _) = names();
+        let mut t = Tracker::default();
+        let ids = [id(1)];
+        let accepted = Response::Settled(vec![Settle::Accepted]);
+        let done = Response::Settled(vec![Settle::Rejected(RejectReason::AlreadyDone)]);
+        t.mesh_answered(&g, SettleKind::Ack, &ids, &accepted);
+        t.mesh_answered(&g, SettleKind::Ack, &ids, &done);
+        // The two identical ACKs come back in the other order: both match.
+        t.answered(
+            &g,
+            SettleKind::Ack,
+            &ids,
+            &Ok(vec![Settle::Rejected(RejectReason::AlreadyDone)]),
+        )
+        .unwrap();
+        t.answered(&g, SettleKind::Ack, &ids, &Ok(vec![Settle::Accepted]))
+            .unwrap();
+        // One that never reached the mesh.
+        let stopped = Err(EngineError::Unavailable("the engine has stopped".into()));
+        t.answered(&g, SettleKind::Ack, &ids, &stopped).unwrap();
+        // One the mesh never gave.
+        t.mesh_answered(&g, SettleKind::Ack, &ids, &accepted);
+        let wrong = Ok(vec![Settle::Rejected(RejectReason::Stale)]);
+        assert_eq!(
+            t.answered(&g, SettleKind::Ack, &ids, &wrong)
+                .unwrap_err()
+                .clause,
+            Clause::C4
+        );
+    }
+}
