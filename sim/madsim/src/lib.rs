@@ -39,4 +39,6 @@ pub mod world;
 
 pub use counts::Counts;
 pub use options::Options;
-pub use run::{check_determinism, run_seed, Failure, Report};
+pub use run::{
+    check_determinism, memory_backend, run_seed, run_seed_on, Failure, MakeBackend, Report,
+};

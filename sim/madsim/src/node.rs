@@ -64,7 +64,8 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>) {
     let log = Arc::new(FaultyLog::new(log, world.clone(), rng.fork()));
     let state = Arc::new(FaultyState::new(state, world.clone(), rng.fork()));
     let tap: Arc<dyn EngineTap> = Arc::new(Observer(world.clone()));
-    let config = engine_config(&world.opts);
+    let mut config = engine_config(&world.opts);
+    backend.configure(&mut config);
     let (handle, _join) = match engine::start_observed(config, log, state, Some(tap)) {
         Ok(started) => started,
         Err(e) => {

@@ -73,14 +73,27 @@ impl fmt::Display for Failure {
 
 type Slot = Arc<Mutex<Option<Arc<World>>>>;
 
-/// Runs one seed to its end.
+/// Makes the storage of a run, inside its runtime (so it may build nodes of its own).
+pub type MakeBackend = fn(&Options) -> Arc<dyn Backend>;
+
+/// The embedded shape: simulated log and the shell's memory state store.
+pub fn memory_backend(opts: &Options) -> Arc<dyn Backend> {
+    Arc::new(MemoryBackend::new(opts.partitions))
+}
+
+/// Runs one seed to its end on [`memory_backend`].
 pub fn run_seed(seed: u64) -> Result<Report, Box<Failure>> {
+    run_seed_on(seed, memory_backend)
+}
+
+/// Runs one seed to its end on the storage `make` builds.
+pub fn run_seed_on(seed: u64, make: MakeBackend) -> Result<Report, Box<Failure>> {
     let slot: Slot = Arc::new(Mutex::new(None));
     let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
     // A run that goes on this long (simulated) is stuck, not slow.
     rt.set_time_limit(Duration::from_secs(3_600));
     let s = slot.clone();
-    match catch_unwind(AssertUnwindSafe(|| rt.block_on(simulate(Some(s))))) {
+    match catch_unwind(AssertUnwindSafe(|| rt.block_on(simulate(Some(s), make)))) {
         Ok(outcome) => outcome,
         Err(panic) => {
             let message = panic
@@ -108,7 +121,9 @@ pub fn run_seed(seed: u64) -> Result<Report, Box<Failure>> {
 /// Runs one seed twice under madsim's determinism check (every random draw of the second
 /// run must equal the first's), then compares the two trace hashes.
 pub fn check_determinism(seed: u64) -> Result<Report, Box<Failure>> {
-    let first = Runtime::check_determinism(seed, madsim::Config::default(), || simulate(None))?;
+    let first = Runtime::check_determinism(seed, madsim::Config::default(), || {
+        simulate(None, memory_backend)
+    })?;
     let second = run_seed(seed)?;
     if first.trace_hash != second.trace_hash {
         return Err(Box::new(Failure {
@@ -163,7 +178,7 @@ fn spec(opts: &Options, i: usize) -> Option<SubscriptionSpec> {
     Some(s)
 }
 
-async fn simulate(slot: Option<Slot>) -> Result<Report, Box<Failure>> {
+async fn simulate(slot: Option<Slot>, make: MakeBackend) -> Result<Report, Box<Failure>> {
     let handle = Handle::current();
     let seed = handle.seed();
     let opts = Options::swarm(seed);
@@ -172,7 +187,7 @@ async fn simulate(slot: Option<Slot>) -> Result<Report, Box<Failure>> {
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(world.clone());
     }
     let mut rng = Rng::new(seed ^ 0x7275_6e00);
-    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new(opts.partitions));
+    let backend = make(&opts);
     let mesh = {
         let (w, b) = (world.clone(), backend.clone());
         handle

@@ -13,6 +13,8 @@
 //!
 //! A kill of the node must lose exactly what was not durable: state that outlives the node
 //! (a disk, a broker on its own node) lives in the backend, which the harness keeps outside.
+//! A backend is made inside the runtime (`run::run_seed_on`), so it may build nodes of its
+//! own there (a broker).
 //! [`MemoryBackend`] is the embedded-log shape: the log and the state store on the node's
 //! disk. A Kafka backend would give a port talking to madsim-rdkafka's simulated broker
 //! (on a node of its own) and report what the broker made durable.
@@ -25,7 +27,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use unimesh_core::TopicName;
-use unimesh_shell::engine::{LogPort, StatePort, StoreAdapter};
+use unimesh_shell::engine::{EngineConfig, LogPort, StatePort, StoreAdapter};
 use unimesh_shell::state::{MemoryDisk, MemoryStore};
 use unimesh_sim::rng::Rng;
 
@@ -42,6 +44,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The ports of one incarnation, built on the node at every start. `rng` is the
     /// incarnation's own (drawn from the seed).
     fn ports(&self, world: &Arc<World>, rng: Rng) -> (Arc<dyn LogPort>, Arc<dyn StatePort>);
+
+    /// Adjusts the engine's configuration to the broker (a broker that keeps group
+    /// offsets wants `mesh.commit_to_broker`, whose `Commit` effects the checker judges).
+    fn configure(&self, config: &mut EngineConfig) {
+        let _ = config;
+    }
 
     /// Writes a record to the broker from outside the mesh (bytes that need not decode as
     /// an event), if the backend can. Reported like any other record.
