@@ -8,7 +8,8 @@
 //! The rooms: `api` (errors and views, what callers get back), `command` (the task's
 //! messages), `handle` (the front door), `task` (the owner of the mesh), `persist` (the
 //! persist writer), `records` (stored bytes as core records), `ports` (storage traits and
-//! in-memory ports). `handle` and `task` share only `api` and `command`.
+//! in-memory ports), `tap` (an observer of the task, for the madsim harness). `handle` and
+//! `task` share only `api` and `command`.
 
 mod api;
 mod command;
@@ -16,6 +17,7 @@ mod handle;
 mod persist;
 pub mod ports;
 mod records;
+mod tap;
 mod task;
 
 #[cfg(test)]
@@ -38,6 +40,8 @@ pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
 };
+
+pub use tap::EngineTap;
 
 use persist::persist_writer;
 use task::EngineTask;
@@ -96,6 +100,16 @@ pub fn start(
     log: Arc<dyn LogPort>,
     state: Arc<dyn StatePort>,
 ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
+    start_observed(config, log, state, None)
+}
+
+/// [`start`], with `tap` told everything the engine task does (see [`EngineTap`]).
+pub fn start_observed(
+    config: EngineConfig,
+    log: Arc<dyn LogPort>,
+    state: Arc<dyn StatePort>,
+    tap: Option<Arc<dyn EngineTap>>,
+) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
     let loaded = state.load().map_err(EngineError::Unavailable)?;
     let mesh = Mesh::new(config.mesh.clone(), loaded.recovered, 0)
         .map_err(|e| EngineError::Unavailable(format!("cannot recover: {e}")))?;
@@ -104,6 +118,9 @@ pub fn start(
     let mut mesh = mesh;
     mesh.check_every_step = cfg!(debug_assertions);
     let epoch = mesh.epoch();
+    if let Some(tap) = &tap {
+        tap.started(mesh.now(), epoch);
+    }
 
     let start = Instant::now();
     let mut limiter = RateLimiter::new(config.max_rate_rules);
@@ -130,6 +147,7 @@ pub fn start(
         config.fetch_max_bytes,
     );
     task.start = start;
+    task.tap = tap;
     task.assign_recovered()?;
     tracing::info!(epoch, "engine started");
 

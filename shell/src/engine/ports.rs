@@ -12,7 +12,9 @@ use bytes::Bytes;
 use madsim_tokio as tokio;
 use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, TopicName};
 
-use crate::log::{AppendItem, EmbeddedLog, LogError, ReadResult};
+use crate::log::AppendItem;
+#[cfg(feature = "rocksdb")]
+use crate::log::{EmbeddedLog, LogError, ReadResult};
 use crate::state::{DlqEntry, Loaded, StateStore, StoreError};
 
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -116,6 +118,7 @@ pub trait StatePort: Send + Sync + 'static {
 // ----- the embedded log -----
 
 /// One read of the embedded log on the blocking pool (RocksDB calls block).
+#[cfg(feature = "rocksdb")]
 async fn read_blocking(
     log: EmbeddedLog,
     topic: TopicName,
@@ -135,6 +138,7 @@ async fn read_blocking(
 }
 
 /// Sorts the embedded log's errors into what the caller did wrong and what failed.
+#[cfg(feature = "rocksdb")]
 fn append_error(e: LogError) -> AppendError {
     match e {
         LogError::RecordTooLarge { .. }
@@ -145,6 +149,7 @@ fn append_error(e: LogError) -> AppendError {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl LogPort for EmbeddedLog {
     fn fetch(
         &self,

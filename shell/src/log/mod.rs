@@ -28,36 +28,53 @@
 //! compacted at once so the space comes back (smaller deletions wait for RocksDB's own
 //! compactions).
 
+// Without the `rocksdb` feature only the log's vocabulary is built (the types every log
+// port shares, key partitioning, the wall clock): the record codec's RocksDB half is unused.
+#[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
 mod codec;
-#[cfg(test)]
+#[cfg(all(test, feature = "rocksdb"))]
 mod tests;
+#[cfg(feature = "rocksdb")]
 mod writer;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use rocksdb::{
-    ColumnFamilyDescriptor, DBCompressionType, DBRecoveryMode, Options, ReadOptions, WriteBatch,
-    WriteOptions, DB,
-};
-use tokio::sync::{mpsc, oneshot, watch};
 use unimesh_core::{Offset, Partition, TopicName};
 
 pub use codec::{murmur2, partition_for_key};
 
-use codec::RecordHeader;
-use writer::{AppendRequest, Tail};
+#[cfg(feature = "rocksdb")]
+use embedded_imports::*;
 
+/// What the RocksDB half of this file uses.
+#[cfg(feature = "rocksdb")]
+mod embedded_imports {
+    pub(super) use std::collections::HashMap;
+    pub(super) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    pub(super) use std::sync::{Mutex, MutexGuard, RwLock};
+    pub(super) use std::thread::JoinHandle;
+
+    pub(super) use rocksdb::{
+        ColumnFamilyDescriptor, DBCompressionType, DBRecoveryMode, Options, ReadOptions,
+        WriteBatch, WriteOptions, DB,
+    };
+    pub(super) use tokio::sync::{mpsc, oneshot, watch};
+
+    pub(super) use super::codec::RecordHeader;
+    pub(super) use super::writer::{AppendRequest, Tail};
+}
+
+#[cfg(feature = "rocksdb")]
 const RECORDS_CF: &str = "records";
+#[cfg(feature = "rocksdb")]
 const META_CF: &str = "meta";
 
 /// Above this a stored partition count is taken for corruption rather than a configuration.
+#[cfg(feature = "rocksdb")]
 const PARTITIONS_HARD_MAX: u32 = 1 << 16;
 
 /// Milliseconds since the Unix epoch. Injected so tests can age records without sleeping.
@@ -130,6 +147,7 @@ impl LogConfig {
         }
     }
 
+    #[cfg(feature = "rocksdb")]
     fn validate(&self) -> Result<(), LogError> {
         let bad = |what: &str| Err(LogError::InvalidConfig(what.to_owned()));
         if self.max_partitions == 0 || self.max_partitions > PARTITIONS_HARD_MAX {
@@ -209,11 +227,13 @@ impl LogError {
         )
     }
 
+    #[cfg(feature = "rocksdb")]
     fn storage(err: rocksdb::Error) -> Self {
         LogError::Storage(err.into_string())
     }
 
     /// Names where corrupt data was found.
+    #[cfg(feature = "rocksdb")]
     fn at(self, topic: &TopicName, partition: Partition, offset: Offset) -> Self {
         match self {
             LogError::Corrupt { what } => LogError::Corrupt {
@@ -281,6 +301,7 @@ pub struct LogStats {
     pub write_failures: u64,
 }
 
+#[cfg(feature = "rocksdb")]
 /// State shared by the handles and the writer thread.
 pub(crate) struct Shared {
     db: DB,
@@ -295,12 +316,14 @@ pub(crate) struct Shared {
     fail_next_writes: AtomicU32,
 }
 
+#[cfg(feature = "rocksdb")]
 pub(crate) struct TopicState {
     name: TopicName,
     partitions: Vec<PartitionState>,
     round_robin: AtomicU32,
 }
 
+#[cfg(feature = "rocksdb")]
 struct PartitionState {
     earliest: AtomicU64,
     /// The end offset, published by the writer after each synced write.
@@ -311,6 +334,7 @@ struct PartitionState {
     unreclaimed_bytes: AtomicU64,
 }
 
+#[cfg(feature = "rocksdb")]
 impl TopicState {
     fn new(name: TopicName, tails: Vec<(Offset, Tail)>) -> Self {
         let partitions = tails
@@ -366,6 +390,7 @@ impl TopicState {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl PartitionState {
     fn earliest(&self) -> Offset {
         self.earliest.load(Ordering::Acquire)
@@ -379,11 +404,13 @@ impl PartitionState {
 /// The embedded log. Cheap to clone; every clone is the same log. The database closes when
 /// the last clone is dropped (or at [`EmbeddedLog::close`]), after the writer has written
 /// what was already queued.
+#[cfg(feature = "rocksdb")]
 #[derive(Clone)]
 pub struct EmbeddedLog {
     inner: Arc<Inner>,
 }
 
+#[cfg(feature = "rocksdb")]
 impl fmt::Debug for EmbeddedLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EmbeddedLog")
@@ -392,6 +419,7 @@ impl fmt::Debug for EmbeddedLog {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 struct Inner {
     shared: Arc<Shared>,
     topics: RwLock<HashMap<TopicName, Arc<TopicState>>>,
@@ -403,6 +431,7 @@ struct Inner {
     writer: Option<JoinHandle<()>>,
 }
 
+#[cfg(feature = "rocksdb")]
 impl Drop for Inner {
     fn drop(&mut self) {
         // Closing the queue lets the writer finish what is queued and exit; joining it
@@ -418,10 +447,12 @@ impl Drop for Inner {
 
 /// Locks ignoring poison: the guarded data is either `()` or a map that a panicking holder
 /// cannot leave half-updated (inserts are single calls).
+#[cfg(feature = "rocksdb")]
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+#[cfg(feature = "rocksdb")]
 impl EmbeddedLog {
     /// Opens (or creates) the log in `cfg.dir`, recovering every partition's earliest and end
     /// offsets, and starts the writer thread.
@@ -987,17 +1018,20 @@ impl EmbeddedLog {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 fn records_cf(db: &DB) -> Result<&rocksdb::ColumnFamily, LogError> {
     db.cf_handle(RECORDS_CF)
         .ok_or_else(|| LogError::Storage(format!("column family {RECORDS_CF} is missing")))
 }
 
+#[cfg(feature = "rocksdb")]
 fn meta_cf(db: &DB) -> Result<&rocksdb::ColumnFamily, LogError> {
     db.cf_handle(META_CF)
         .ok_or_else(|| LogError::Storage(format!("column family {META_CF} is missing")))
 }
 
 /// Rebuilds every topic from the meta column family and the last record of each partition.
+#[cfg(feature = "rocksdb")]
 fn recover_topics(db: &DB) -> Result<HashMap<TopicName, Arc<TopicState>>, LogError> {
     let meta = meta_cf(db)?;
     let records = records_cf(db)?;

@@ -21,14 +21,19 @@ use unimesh_core::{DlqKey, Epoch, GroupName, PersistBatch, RateRule, Recovered, 
 mod codec;
 mod keys;
 mod memory;
+#[cfg(feature = "rocksdb")]
 mod rocks;
+#[cfg(feature = "sled")]
 mod sled_store;
 
-#[cfg(test)]
+// The contract suite runs on every backend, so it needs them all.
+#[cfg(all(test, feature = "rocksdb", feature = "sled"))]
 mod contract;
 
 pub use memory::{MemoryDisk, MemoryStore};
+#[cfg(feature = "rocksdb")]
 pub use rocks::RocksStore;
+#[cfg(feature = "sled")]
 pub use sled_store::SledStore;
 
 /// The durable state of one mesh instance.

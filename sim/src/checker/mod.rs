@@ -23,6 +23,7 @@
 //! - `persist`: persists emitted, applied, notified, failed (C1, C3, C4, C5);
 //! - `broker`: commits (C3), POP broker ACKs (C6), skips (C1);
 //! - `quiescence`: liveness at the end (C1, C2, C6) and queries of the durable state.
+//! - `update`: new settings of an existing group (ACK timeout, in-flight bound).
 //!
 //! # Driving it from another harness
 //! Every hook that takes `now` wants the mesh's own notion of time — what its deadlines
@@ -36,7 +37,8 @@
 //! The world, which the checker must see whole and in order:
 //! - [`Checker::add_group`]: once per group, before any record of the group is delivered,
 //!   with the spec the mesh was given (`StartFrom::Latest` holding the end offsets the
-//!   group starts from).
+//!   group starts from). [`Checker::update_group`]: when the mesh accepted new settings
+//!   for it (ACK timeout, in-flight bound; see `update`).
 //! - [`Checker::published`]: every record the broker acknowledged, each partition in
 //!   offset order from offset 0 (C9 fails on a gap not announced by [`Checker::holes`]).
 //!   [`Checker::publish_answered`]: when the publisher got its answer.
@@ -148,6 +150,7 @@ mod persist;
 mod quiescence;
 mod settle;
 mod state;
+mod update;
 mod world;
 
 use state::{Emitted, GroupState, Issued, Log, Node};

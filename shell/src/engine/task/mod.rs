@@ -28,6 +28,7 @@ use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
 use super::ports::{LogPort, LogRead};
 use super::records::decode_record;
+use super::tap::EngineTap;
 use polls::{PollKey, Polls};
 
 pub(crate) struct EngineTask {
@@ -51,6 +52,8 @@ pub(crate) struct EngineTask {
     replaying: BTreeMap<GroupName, BTreeSet<(Partition, Offset)>>,
     shutdown: Option<Reply<()>>,
     last_closed_scan: Instant,
+    /// Told every input and effect, when set (the madsim harness).
+    pub tap: Option<Arc<dyn EngineTap>>,
 }
 
 impl EngineTask {
@@ -83,6 +86,7 @@ impl EngineTask {
             replaying: BTreeMap::new(),
             shutdown: None,
             last_closed_scan: Instant::now(),
+            tap: None,
         }
     }
 
@@ -90,9 +94,28 @@ impl EngineTask {
         Instant::now().duration_since(self.start).as_millis() as Millis
     }
 
+    /// Feeds one input and carries out its effects. Due timers fire first, in a `Tick` of
+    /// their own (the core would fire them at the start of `handle` anyway): so every
+    /// input's effects are its own, which is what a tap needs to attribute them.
     fn handle(&mut self, input: Input) -> Response {
         let now = self.now_ms();
-        let response = self.mesh.handle(now, input);
+        let due = self.mesh.poll_timeout().is_some_and(|t| t <= now);
+        if due && !matches!(input, Input::Tick) {
+            let _ = self.feed(now, Input::Tick);
+        }
+        self.feed(now, input)
+    }
+
+    fn feed(&mut self, now: Millis, input: Input) -> Response {
+        let response = match self.tap.clone() {
+            None => self.mesh.handle(now, input),
+            Some(tap) => {
+                let seen = input.clone();
+                let response = self.mesh.handle(now, input);
+                tap.input(self.mesh.now(), &seen, &response);
+                response
+            }
+        };
         self.drain();
         response
     }
@@ -218,6 +241,11 @@ impl EngineTask {
 
     fn drain(&mut self) {
         while let Some(effect) = self.mesh.poll_effect() {
+            if let Some(tap) = &self.tap {
+                if !matches!(effect, Effect::Persist { .. }) {
+                    tap.effect(self.mesh.now(), &effect);
+                }
+            }
             match effect {
                 Effect::Deliver {
                     group,
@@ -242,6 +270,9 @@ impl EngineTask {
                     }
                     self.note_replays(&batch);
                     let batch: Arc<PersistBatch> = Arc::from(batch);
+                    if let Some(tap) = &self.tap {
+                        tap.persist(self.mesh.now(), ticket, &batch);
+                    }
                     if self.persist_tx.try_send((ticket, batch)).is_err() {
                         // The core bounds outstanding persists far below the channel size,
                         // so this only happens when the writer is gone.

@@ -1,0 +1,405 @@
+//! Model clients, as simulated tasks on a node of their own, calling the engine through the
+//! front door like HTTP clients would:
+//! - publishers send batches (`application/cloudevents-batch+json`, parsed by the shell's own
+//!   publish parser) and retry the same events after any error — what was answered 2xx must
+//!   never be lost, a retried event may be stored twice;
+//! - pollers long-poll with a `max` and `waitMs` drawn each time, now and then go away
+//!   mid-poll or lose an answer, and settle what they got: ACK (in time, late, twice, after
+//!   an extend, out of order, in batches), NACK with or without a delay, or never; they ACK
+//!   ids from their past (former incarnations' too) and ids never issued.
+//!
+//! Once faults stop every poller ACKs everything at once except poison events, which it
+//! always NACKs (they end in the DLQ).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use madsim_tokio as tokio;
+use unimesh_core::{ClientId, Delivery, DeliveryId, GroupName, Millis, RecordMeta, TopicName};
+use unimesh_shell::engine::{EngineError, Settling};
+use unimesh_shell::event::{parse_publish, PublishLimits, BATCH_MEDIA_TYPE};
+use unimesh_sim::rng::Rng;
+use unimesh_sim::{Clause, SettleKind};
+
+use crate::node::{call, CallError};
+use crate::options::ClientOptions;
+use crate::world::{violation, World};
+
+/// The type of events every client NACKs.
+pub const POISON: &str = "poison.created";
+
+async fn sleep_ms(ms: Millis) {
+    tokio::time::sleep(Duration::from_millis(ms.max(1))).await;
+}
+
+/// The events `ids` of publisher `p` as one batch request body.
+fn batch_body(rng: &mut Rng, world: &World, p: u32, ids: &[String]) -> Vec<u8> {
+    let o = &world.opts;
+    let events: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| {
+            let ty = if rng.chance(o.poison) {
+                POISON
+            } else {
+                ["a.created", "b.created"][rng.index(2)]
+            };
+            let mut e = serde_json::json!({
+                "specversion": "1.0",
+                "id": id,
+                "source": format!("/sim/publisher/{p}"),
+                "type": ty,
+                "datacontenttype": "application/json",
+                "data": {"n": rng.below(1000)},
+            });
+            if rng.chance(o.key_share) {
+                e["partitionkey"] = serde_json::json!(format!("k{}", rng.below(u64::from(o.keys))));
+            }
+            e
+        })
+        .collect();
+    serde_json::to_vec(&events).unwrap_or_default()
+}
+
+/// Publishes `count` events named `p{p}-{n}` from `first` on, in batches, retrying each
+/// batch until it is answered 2xx (or the run ends).
+pub async fn publish(
+    world: Arc<World>,
+    topic: TopicName,
+    p: u32,
+    first: u32,
+    count: u32,
+    pace_ms: Millis,
+    mut rng: Rng,
+) {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(BATCH_MEDIA_TYPE),
+    );
+    let mut n = first;
+    while n < first + count && world.failure().is_none() {
+        let size = (rng.range(1, u64::from(world.opts.batch_max)) as u32).min(first + count - n);
+        let ids: Vec<String> = (n..n + size).map(|i| format!("p{p}-{i}")).collect();
+        let body = batch_body(&mut rng, &world, p, &ids);
+        let events = match parse_publish(&headers, &body, &PublishLimits::default()) {
+            Ok(events) => events,
+            Err(e) => {
+                world.fail(violation(
+                    Clause::Core,
+                    format!("the harness built a bad batch: {e}"),
+                ));
+                return;
+            }
+        };
+        loop {
+            let (w, t, e, i) = (world.clone(), topic.clone(), events.clone(), ids.clone());
+            let delay = rng.range(0, world.opts.faults.net_delay_ms);
+            let answer = call(&world, delay, move |h| async move {
+                let r = h.publish(&t, e).await;
+                w.publish_answered(&t, &i, &r);
+                r
+            })
+            .await;
+            match answer {
+                Ok(Ok(_)) => break,
+                Ok(Err(EngineError::RateLimited { retry_after_ms })) => {
+                    sleep_ms(retry_after_ms).await
+                }
+                Ok(Err(EngineError::Unavailable(_))) | Err(_) => {
+                    world.count(|c| &mut c.publish_retries);
+                    sleep_ms(rng.range(1, 50)).await;
+                }
+                Ok(Err(e)) => {
+                    world.fail(violation(Clause::C9, format!("publish refused: {e}")));
+                    return;
+                }
+            }
+            if world.failure().is_some() {
+                return;
+            }
+        }
+        n += size;
+        sleep_ms(rng.range(1, 2 * pace_ms)).await;
+    }
+}
+
+/// What a poller does with one delivery while faults last.
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    Ack {
+        after_ms: Millis,
+    },
+    Twice {
+        after_ms: Millis,
+    },
+    Late {
+        after_ms: Millis,
+    },
+    Nack {
+        delay_ms: Option<Millis>,
+    },
+    Extend {
+        by_ms: Option<Millis>,
+        then_ms: Millis,
+    },
+    Ignore,
+}
+
+/// One client of one group.
+pub struct Poller {
+    pub world: Arc<World>,
+    pub group: GroupName,
+    pub client: ClientId,
+    pub opts: ClientOptions,
+    pub ack_timeout_ms: Millis,
+    pub rng: Rng,
+    /// Ids it got, newest last (for stale ACKs).
+    past: Vec<DeliveryId>,
+}
+
+impl Poller {
+    pub fn new(
+        world: Arc<World>,
+        group: GroupName,
+        client: ClientId,
+        opts: ClientOptions,
+        ack_timeout_ms: Millis,
+        rng: Rng,
+    ) -> Self {
+        Self {
+            world,
+            group,
+            client,
+            opts,
+            ack_timeout_ms,
+            rng,
+            past: Vec::new(),
+        }
+    }
+
+    fn delay(&mut self) -> Millis {
+        self.rng.range(0, self.world.opts.faults.net_delay_ms)
+    }
+
+    /// Polls until the run ends.
+    pub async fn run(mut self) {
+        while self.world.failure().is_none() && !self.world.is_done() {
+            let calm = !self.world.faults_on();
+            let got = self.poll(calm).await;
+            if let Some(got) = got {
+                if calm {
+                    self.settle_all(got);
+                } else {
+                    if self.rng.chance(self.opts.lose_response) {
+                        self.world.count(|c| &mut c.responses_lost);
+                    } else {
+                        for d in got {
+                            let plan = self.plan(&d);
+                            self.carry_out(d.id, plan);
+                        }
+                    }
+                    self.misbehave();
+                }
+            }
+            let pause = if calm {
+                self.rng.range(1, 10)
+            } else {
+                self.rng.range(1, self.opts.pause_ms)
+            };
+            sleep_ms(pause).await;
+        }
+    }
+
+    /// One long-poll; None when it brought nothing usable (an error, a vanished poll).
+    async fn poll(&mut self, calm: bool) -> Option<Vec<Delivery>> {
+        let max = if calm {
+            self.opts.poll_max
+        } else {
+            self.rng.range(1, u64::from(self.opts.poll_max)) as u32
+        };
+        let wait_ms = if calm {
+            self.rng.range(0, 50)
+        } else if self.rng.chance(0.2) {
+            0
+        } else {
+            self.rng.range(1, self.opts.wait_ms)
+        };
+        let vanish = !calm && self.rng.chance(self.opts.vanish);
+        let (w, g, c) = (self.world.clone(), self.group.clone(), self.client.clone());
+        let delay = self.delay();
+        let request = call(&self.world, delay, move |h| async move {
+            let r = h.poll(&g, &c, max, wait_ms).await;
+            if let Ok(got) = &r {
+                w.poll_received(&g, &c, max, got);
+            }
+            r
+        });
+        let answer = if vanish {
+            let after = self.rng.range(0, wait_ms + delay + 1);
+            match tokio::time::timeout(Duration::from_millis(after), request).await {
+                Ok(a) => a,
+                Err(_) => {
+                    self.world.count(|c| &mut c.polls_vanished);
+                    return None;
+                }
+            }
+        } else {
+            request.await
+        };
+        match answer {
+            Ok(Ok(got)) => {
+                for d in &got {
+                    if self.past.len() >= 64 {
+                        self.past.remove(0);
+                    }
+                    self.past.push(d.id);
+                }
+                Some(got)
+            }
+            // Before the group exists, while the node is down, after a reset: try again.
+            Ok(Err(_)) | Err(CallError::Down) | Err(CallError::Reset) => None,
+        }
+    }
+
+    fn plan(&mut self, d: &Delivery) -> Plan {
+        if is_poison(d) {
+            return Plan::Nack {
+                delay_ms: Some(self.rng.range(0, 50)),
+            };
+        }
+        let o = self.opts.clone();
+        let u = self.rng.unit();
+        let ack_ms = self.rng.range(0, o.ack_delay_ms);
+        let mut edge = o.nack;
+        if u < edge {
+            let delay_ms = self.rng.chance(0.5).then(|| self.rng.range(0, 100));
+            return Plan::Nack { delay_ms };
+        }
+        edge += o.ignore;
+        if u < edge {
+            return Plan::Ignore;
+        }
+        edge += o.late_ack;
+        if u < edge {
+            let after_ms = self.ack_timeout_ms + self.rng.range(1, 200);
+            return Plan::Late { after_ms };
+        }
+        edge += o.double_ack;
+        if u < edge {
+            return Plan::Twice { after_ms: ack_ms };
+        }
+        edge += o.extend;
+        if u < edge {
+            let by_ms = self
+                .rng
+                .chance(0.5)
+                .then(|| self.rng.range(1, 2 * self.ack_timeout_ms));
+            return Plan::Extend {
+                by_ms,
+                then_ms: ack_ms,
+            };
+        }
+        Plan::Ack { after_ms: ack_ms }
+    }
+
+    fn carry_out(&mut self, id: DeliveryId, plan: Plan) {
+        let world = &self.world;
+        match plan {
+            Plan::Ack { after_ms } => {
+                world.count(|c| &mut c.acks);
+                self.settle_later(after_ms, SettleKind::Ack, vec![id]);
+            }
+            Plan::Twice { after_ms } => {
+                world.count(|c| &mut c.double_acks);
+                self.settle_later(after_ms, SettleKind::Ack, vec![id]);
+                let again = after_ms + self.rng.range(0, 100);
+                self.settle_later(again, SettleKind::Ack, vec![id]);
+            }
+            Plan::Late { after_ms } => {
+                world.count(|c| &mut c.late_acks);
+                self.settle_later(after_ms, SettleKind::Ack, vec![id]);
+            }
+            Plan::Nack { delay_ms } => {
+                world.count(|c| &mut c.nacks);
+                let after = self.rng.range(0, 20);
+                self.settle_later(after, SettleKind::Nack(delay_ms), vec![id]);
+            }
+            Plan::Extend { by_ms, then_ms } => {
+                world.count(|c| &mut c.extends);
+                let at = self.rng.range(0, self.ack_timeout_ms / 2);
+                self.settle_later(at, SettleKind::Extend(by_ms), vec![id]);
+                self.settle_later(at + then_ms, SettleKind::Ack, vec![id]);
+            }
+            Plan::Ignore => world.count(|c| &mut c.ignored),
+        }
+    }
+
+    /// Once faults stopped: one ACK for everything but poison (NACKed at once), ids in an
+    /// order of their own.
+    fn settle_all(&mut self, got: Vec<Delivery>) {
+        let (poison, mut fine): (Vec<Delivery>, Vec<Delivery>) =
+            got.into_iter().partition(is_poison);
+        if !poison.is_empty() {
+            self.settle_later(
+                0,
+                SettleKind::Nack(Some(0)),
+                poison.iter().map(|d| d.id).collect(),
+            );
+        }
+        if !fine.is_empty() {
+            for i in (1..fine.len()).rev() {
+                fine.swap(i, self.rng.index(i + 1));
+            }
+            self.settle_later(0, SettleKind::Ack, fine.iter().map(|d| d.id).collect());
+        }
+    }
+
+    /// ACKs an id of its past (stale after a restart) or one never issued.
+    fn misbehave(&mut self) {
+        if !self.past.is_empty() && self.rng.chance(self.opts.stale_ack) {
+            self.world.count(|c| &mut c.stale_acks);
+            let id = self.past[self.rng.index(self.past.len())];
+            self.settle_later(0, SettleKind::Ack, vec![id]);
+        }
+        if self.rng.chance(self.opts.bogus_ack) {
+            self.world.count(|c| &mut c.bogus_acks);
+            let epoch = self.past.last().map_or(1, |d| d.epoch);
+            let bogus = DeliveryId {
+                epoch: epoch + self.rng.below(2) as u32,
+                lease: self.rng.range(0, 40),
+                partition: self.rng.below(4) as u32,
+                offset: self.rng.range(0, 300),
+                attempt: self.rng.range(0, 6) as u32,
+            };
+            self.settle_later(0, SettleKind::Ack, vec![bogus]);
+        }
+    }
+
+    /// Settles `ids` after `after_ms`, in a task of its own (settles overtake each other).
+    fn settle_later(&mut self, after_ms: Millis, kind: SettleKind, ids: Vec<DeliveryId>) {
+        let (world, group) = (self.world.clone(), self.group.clone());
+        let delay = self.delay();
+        tokio::spawn(async move {
+            if after_ms > 0 {
+                sleep_ms(after_ms).await;
+            }
+            let how = match kind {
+                SettleKind::Ack => Settling::Ack,
+                SettleKind::Nack(delay_ms) => Settling::Nack { delay_ms },
+                SettleKind::Extend(extend_ms) => Settling::Extend { extend_ms },
+            };
+            let w = world.clone();
+            let _ = call(&world, delay, move |h| async move {
+                let r = h.settle(&group, how, ids.clone()).await;
+                w.settle_answered(&group, kind, &ids, &r);
+                r
+            })
+            .await;
+        });
+    }
+}
+
+fn is_poison(d: &Delivery) -> bool {
+    matches!(&d.record.meta, RecordMeta::Event(m) if m.ty == POISON)
+}

@@ -1,0 +1,280 @@
+//! Swarm options: every size, behaviour and fault rate of one run is drawn from its seed
+//! (TigerBeetle's `options_swarm`), half of the faults off in any one run, so seeds differ in
+//! kind and not only in timing. Printed before a failing run's report.
+
+use std::fmt;
+
+use unimesh_core::{Backoff, Millis, Ordering};
+use unimesh_sim::rng::Rng;
+
+/// How one model client behaves while faults last (afterwards every client ACKs).
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Of the deliveries it gets: NACK (with a delay drawn, or none), never settle, ACK
+    /// after the ACK timeout, ACK twice, extend before ACKing; the rest is ACKed in time.
+    pub nack: f64,
+    pub ignore: f64,
+    pub late_ack: f64,
+    pub double_ack: f64,
+    pub extend: f64,
+    /// Per poll: ACK an id from its past (possibly a former incarnation's), or one never
+    /// issued.
+    pub stale_ack: f64,
+    pub bogus_ack: f64,
+    /// Per poll: go away mid-poll (the request is dropped, as by a closed connection).
+    pub vanish: f64,
+    /// Per answered poll: the answer never arrives (lost on the wire after the mesh sent it).
+    pub lose_response: f64,
+    pub ack_delay_ms: Millis,
+    pub poll_max: u32,
+    /// Longest `waitMs` of a poll (0..=this, now and then 0).
+    pub wait_ms: Millis,
+    /// Pause between polls.
+    pub pause_ms: Millis,
+}
+
+#[derive(Clone, Debug)]
+pub struct GroupOptions {
+    pub name: String,
+    /// Only events of this type (None: every event).
+    pub type_filter: Option<String>,
+    pub ordering: Ordering,
+    pub ack_timeout_ms: Millis,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub max_in_flight: u32,
+    /// Starts at the end offsets of the moment it is created.
+    pub start_latest: bool,
+    pub clients: Vec<ClientOptions>,
+}
+
+/// Rates of the faults of the environment. A rate of 0 disables a fault.
+#[derive(Clone, Debug, Default)]
+pub struct FaultRates {
+    /// Mean time between kills of the mesh node (0: none), and the longest downtime.
+    pub kill_every_ms: Millis,
+    pub down_ms: Millis,
+    /// Chance that a kill is preceded by a graceful stop (what SIGTERM does: flush, answer
+    /// the polls, stop taking requests).
+    pub graceful_stop: f64,
+    /// Mean time between forward jumps of the clock (a suspended VM).
+    pub clock_jump_every_ms: Millis,
+    /// Appends: refused, or refused although written; the time one takes to sync.
+    pub append_fail: f64,
+    pub append_fail_written: f64,
+    pub append_latency_ms: Millis,
+    /// State writes: the same.
+    pub persist_fail: f64,
+    pub persist_fail_written: f64,
+    pub persist_latency_ms: Millis,
+    /// Fetch answers: failed, with duplicates, starting below the asked offset, "out of
+    /// range" although in range, delayed (by up to `fetch_delay_ms`).
+    pub fetch_fail: f64,
+    pub fetch_duplicates: f64,
+    pub fetch_rewind: f64,
+    pub fetch_out_of_range: f64,
+    pub fetch_delay: f64,
+    pub fetch_delay_ms: Millis,
+    /// Per retention pass: chance that a prefix of one partition is deleted.
+    pub retention: f64,
+    /// Mean time between records written to the broker by something else than the mesh
+    /// (bytes that do not decode as an event).
+    pub foreign_every_ms: Millis,
+    /// Operators: seeks, DLQ replays, client evictions, new settings for a group (its ACK
+    /// timeout and in-flight bound).
+    pub seek_every_ms: Millis,
+    pub replay_every_ms: Millis,
+    pub evict_every_ms: Millis,
+    pub update_every_ms: Millis,
+    /// Longest delay of a request on its way to the mesh.
+    pub net_delay_ms: Millis,
+}
+
+/// The engine's own knobs (what `EngineConfig` and `MeshConfig` take).
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub flush_interval_ms: Millis,
+    pub max_outstanding_persists: usize,
+    pub max_window_per_lane: usize,
+    pub max_ack_ranges_per_lane: usize,
+    pub fetch_batch: usize,
+    pub fetch_retry_ms: Millis,
+    pub client_idle_timeout_ms: Millis,
+    pub fetch_wait_ms: u64,
+    pub command_capacity: usize,
+    pub retention_interval_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub seed: u64,
+    pub partitions: u32,
+    /// Events published before the groups exist (what `latest` groups never see).
+    pub events_before: u32,
+    /// Events published while faults last.
+    pub events: u32,
+    pub publishers: u32,
+    /// Events per publish request (1..=this).
+    pub batch_max: u32,
+    /// Share of events every client NACKs (they end in the DLQ).
+    pub poison: f64,
+    /// Distinct partition keys (events carry one with `key_share`).
+    pub keys: u32,
+    pub key_share: f64,
+    pub groups: Vec<GroupOptions>,
+    pub fault_phase_ms: Millis,
+    pub engine: EngineOptions,
+    pub faults: FaultRates,
+}
+
+/// Half of the time a fault is off; otherwise its rate is drawn from `lo..=hi`.
+fn maybe(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
+    if rng.chance(0.5) {
+        0.0
+    } else {
+        lo + (hi - lo) * rng.unit()
+    }
+}
+
+fn maybe_every(rng: &mut Rng, lo: Millis, hi: Millis) -> Millis {
+    if rng.chance(0.5) {
+        0
+    } else {
+        rng.range(lo, hi)
+    }
+}
+
+impl Options {
+    pub fn swarm(seed: u64) -> Self {
+        let mut rng = Rng::new(seed ^ 0x4d41_4453_494d_0000);
+        let partitions = rng.range(1, 3) as u32;
+        let mut groups = Vec::new();
+        for i in 0..rng.range(1, 3) {
+            let ack_timeout_ms = rng.range(50, 800);
+            let clients = (0..rng.range(1, 3))
+                .map(|_| ClientOptions {
+                    nack: maybe(&mut rng, 0.02, 0.3),
+                    ignore: maybe(&mut rng, 0.02, 0.2),
+                    late_ack: maybe(&mut rng, 0.02, 0.2),
+                    double_ack: maybe(&mut rng, 0.02, 0.3),
+                    extend: maybe(&mut rng, 0.02, 0.2),
+                    stale_ack: maybe(&mut rng, 0.05, 0.4),
+                    bogus_ack: maybe(&mut rng, 0.01, 0.1),
+                    vanish: maybe(&mut rng, 0.02, 0.2),
+                    lose_response: maybe(&mut rng, 0.01, 0.1),
+                    ack_delay_ms: rng.range(0, ack_timeout_ms / 2),
+                    poll_max: rng.range(1, 8) as u32,
+                    wait_ms: rng.range(0, 300),
+                    pause_ms: rng.range(1, 40),
+                })
+                .collect();
+            groups.push(GroupOptions {
+                name: format!("g{i}"),
+                type_filter: rng
+                    .chance(0.3)
+                    .then(|| ["a.created", "b.created"][rng.index(2)].to_owned()),
+                ordering: if rng.chance(0.3) {
+                    Ordering::Key
+                } else {
+                    Ordering::None
+                },
+                ack_timeout_ms,
+                max_attempts: rng.range(1, 5) as u32,
+                backoff: Backoff {
+                    initial_ms: rng.range(0, 50),
+                    max_ms: 200,
+                    multiplier: 1.0 + rng.unit() * 2.0,
+                },
+                max_in_flight: rng.range(1, 8) as u32,
+                start_latest: rng.chance(0.2),
+                clients,
+            });
+        }
+        let faults = FaultRates {
+            kill_every_ms: maybe_every(&mut rng, 200, 2_000),
+            down_ms: rng.range(0, 300),
+            graceful_stop: maybe(&mut rng, 0.1, 0.5),
+            clock_jump_every_ms: maybe_every(&mut rng, 500, 3_000),
+            append_fail: maybe(&mut rng, 0.01, 0.15),
+            append_fail_written: maybe(&mut rng, 0.01, 0.15),
+            append_latency_ms: rng.range(0, 20),
+            persist_fail: maybe(&mut rng, 0.01, 0.15),
+            persist_fail_written: maybe(&mut rng, 0.01, 0.15),
+            persist_latency_ms: rng.range(0, 30),
+            fetch_fail: maybe(&mut rng, 0.01, 0.15),
+            fetch_duplicates: maybe(&mut rng, 0.05, 0.4),
+            fetch_rewind: maybe(&mut rng, 0.05, 0.3),
+            fetch_out_of_range: maybe(&mut rng, 0.01, 0.1),
+            fetch_delay: maybe(&mut rng, 0.05, 0.3),
+            fetch_delay_ms: rng.range(1, 100),
+            retention: maybe(&mut rng, 0.05, 0.5),
+            foreign_every_ms: maybe_every(&mut rng, 300, 2_000),
+            seek_every_ms: maybe_every(&mut rng, 300, 2_000),
+            replay_every_ms: maybe_every(&mut rng, 200, 1_500),
+            evict_every_ms: maybe_every(&mut rng, 300, 2_000),
+            update_every_ms: maybe_every(&mut rng, 300, 2_000),
+            net_delay_ms: rng.range(0, 3),
+        };
+        let engine = EngineOptions {
+            flush_interval_ms: rng.range(1, 50),
+            max_outstanding_persists: rng.range(1, 4) as usize,
+            max_window_per_lane: rng.range(2, 64) as usize,
+            max_ack_ranges_per_lane: rng.range(1, 32) as usize,
+            fetch_batch: rng.range(1, 32) as usize,
+            fetch_retry_ms: rng.range(5, 100),
+            client_idle_timeout_ms: rng.range(200, 5_000),
+            fetch_wait_ms: rng.range(5, 200),
+            command_capacity: if rng.chance(0.3) {
+                rng.range(1, 8) as usize
+            } else {
+                256
+            },
+            retention_interval_ms: if faults.retention > 0.0 {
+                rng.range(50, 500)
+            } else {
+                0
+            },
+        };
+        Options {
+            seed,
+            partitions,
+            events_before: rng.range(0, 8) as u32,
+            events: rng.range(5, 80) as u32,
+            publishers: rng.range(1, 2) as u32,
+            batch_max: rng.range(1, 4) as u32,
+            poison: maybe(&mut rng, 0.01, 0.1),
+            keys: rng.range(1, 6) as u32,
+            key_share: rng.unit(),
+            groups,
+            fault_phase_ms: rng.range(1_000, 4_000),
+            engine,
+            faults,
+        }
+    }
+}
+
+impl fmt::Display for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "SEED={}", self.seed)?;
+        writeln!(
+            f,
+            "  partitions={} events_before={} events={} publishers={} batch_max={} poison={:.3} keys={} key_share={:.2} fault_phase_ms={}",
+            self.partitions, self.events_before, self.events, self.publishers, self.batch_max,
+            self.poison, self.keys, self.key_share, self.fault_phase_ms
+        )?;
+        writeln!(f, "  engine: {:?}", self.engine)?;
+        writeln!(f, "  faults: {:?}", self.faults)?;
+        for g in &self.groups {
+            writeln!(
+                f,
+                "  group {}: filter={:?} ordering={:?} ack_timeout_ms={} max_attempts={} backoff={:?} max_in_flight={} latest={}",
+                g.name, g.type_filter, g.ordering, g.ack_timeout_ms, g.max_attempts, g.backoff,
+                g.max_in_flight, g.start_latest
+            )?;
+            for (i, c) in g.clients.iter().enumerate() {
+                writeln!(f, "    client {i}: {c:?}")?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,371 @@
+//! One run of one seed: a madsim runtime seeded with it, a mesh node running the real
+//! engine on simulated storage, a node of model clients, faults for a while, then liveness:
+//! faults stop, the node is up, clients behave, and the run must converge — every record
+//! ACKed, dead-lettered or reported skipped by every matching group, durably — within a
+//! budget; the checker's quiescence check closes it.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use madsim::runtime::{Handle, Runtime};
+use madsim_tokio as tokio;
+use unimesh_core::{
+    Backoff, ClientId, Filter, GroupName, Millis, StartFrom, SubscriptionSpec, TopicName,
+};
+use unimesh_sim::checker::CheckerStats;
+use unimesh_sim::rng::Rng;
+use unimesh_sim::{Clause, Violation};
+
+use crate::clients::{publish, Poller};
+use crate::counts::Counts;
+use crate::node::{call, node_main};
+use crate::operators::{clock_jumps, foreign_writer, kills, operator};
+use crate::options::Options;
+use crate::storage::{Backend, MemoryBackend};
+use crate::world::{violation, World};
+
+/// How long, once faults stopped, a run may take to converge (simulated time).
+const LIVENESS_BUDGET_MS: Millis = 120_000;
+
+/// What a passing run did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub seed: u64,
+    /// Inputs the engine fed its mesh.
+    pub steps: u64,
+    pub incarnations: u32,
+    /// Simulated time the run took.
+    pub sim_ms: Millis,
+    pub trace_hash: u64,
+    pub counts: Counts,
+    pub stats: CheckerStats,
+}
+
+/// A failing run: everything needed to understand and replay it.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub violation: Violation,
+    pub options: String,
+    pub last_steps: Vec<String>,
+    pub trace_hash: u64,
+    pub counts: Counts,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "seed {} failed: {}", self.seed, self.violation)?;
+        write!(f, "{}", self.options)?;
+        writeln!(f, "  injected: {}", self.counts)?;
+        writeln!(f, "  trace hash {:016x}; last steps:", self.trace_hash)?;
+        for s in &self.last_steps {
+            writeln!(f, "    {s}")?;
+        }
+        writeln!(
+            f,
+            "replay: MADSIM_TEST_SEED={} RUSTFLAGS=\"--cfg madsim\" cargo test -p unimesh-sim-shell --test seeds replay -- --nocapture",
+            self.seed
+        )
+    }
+}
+
+type Slot = Arc<Mutex<Option<Arc<World>>>>;
+
+/// Makes the storage of a run, inside its runtime (so it may build nodes of its own).
+pub type MakeBackend = fn(&Options) -> Arc<dyn Backend>;
+
+/// The embedded shape: simulated log and the shell's memory state store.
+pub fn memory_backend(opts: &Options) -> Arc<dyn Backend> {
+    Arc::new(MemoryBackend::new(opts.partitions))
+}
+
+/// Runs one seed to its end on [`memory_backend`].
+pub fn run_seed(seed: u64) -> Result<Report, Box<Failure>> {
+    run_seed_on(seed, memory_backend)
+}
+
+/// Runs one seed to its end on the storage `make` builds.
+pub fn run_seed_on(seed: u64, make: MakeBackend) -> Result<Report, Box<Failure>> {
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
+    // A run that goes on this long (simulated) is stuck, not slow.
+    rt.set_time_limit(Duration::from_secs(3_600));
+    let s = slot.clone();
+    match catch_unwind(AssertUnwindSafe(|| rt.block_on(simulate(Some(s), make)))) {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".to_owned());
+            let world = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let v = violation(Clause::Core, format!("panicked: {message}"));
+            Err(match world {
+                Some(w) => failure(&w, v),
+                None => Box::new(Failure {
+                    seed,
+                    violation: v,
+                    options: Options::swarm(seed).to_string(),
+                    last_steps: Vec::new(),
+                    trace_hash: 0,
+                    counts: Counts::default(),
+                }),
+            })
+        }
+    }
+}
+
+/// Runs one seed twice under madsim's determinism check (every random draw of the second
+/// run must equal the first's), then compares the two trace hashes.
+pub fn check_determinism(seed: u64) -> Result<Report, Box<Failure>> {
+    let first = Runtime::check_determinism(seed, madsim::Config::default(), || {
+        simulate(None, memory_backend)
+    })?;
+    let second = run_seed(seed)?;
+    if first.trace_hash != second.trace_hash {
+        return Err(Box::new(Failure {
+            seed,
+            violation: violation(
+                Clause::Core,
+                format!(
+                    "the same seed gave trace hashes {:016x} and {:016x}",
+                    first.trace_hash, second.trace_hash
+                ),
+            ),
+            options: Options::swarm(seed).to_string(),
+            last_steps: Vec::new(),
+            trace_hash: second.trace_hash,
+            counts: second.counts,
+        }));
+    }
+    Ok(first)
+}
+
+fn failure(world: &World, v: Violation) -> Box<Failure> {
+    Box::new(Failure {
+        seed: world.opts.seed,
+        violation: v,
+        options: world.opts.to_string(),
+        last_steps: world.last_steps(),
+        trace_hash: world.trace_hash(),
+        counts: world.counts(),
+    })
+}
+
+fn topic() -> TopicName {
+    TopicName::new("orders").unwrap_or_else(|_| unreachable!("a valid name"))
+}
+
+fn spec(opts: &Options, i: usize) -> Option<SubscriptionSpec> {
+    let g = &opts.groups[i];
+    let mut s = SubscriptionSpec::new(GroupName::new(&g.name).ok()?, topic());
+    s.filter = Filter {
+        ty: g.type_filter.clone(),
+        ..Filter::default()
+    };
+    s.ordering = g.ordering;
+    s.ack_timeout_ms = g.ack_timeout_ms;
+    s.max_attempts = g.max_attempts;
+    s.backoff = Backoff { ..g.backoff };
+    s.max_in_flight_per_client = g.max_in_flight;
+    if g.start_latest {
+        // Empty: the engine reads the end offsets when it creates the group.
+        s.start_from = StartFrom::Latest(Default::default());
+    }
+    Some(s)
+}
+
+async fn simulate(slot: Option<Slot>, make: MakeBackend) -> Result<Report, Box<Failure>> {
+    let handle = Handle::current();
+    let seed = handle.seed();
+    let opts = Options::swarm(seed);
+    let world = World::new(opts.clone());
+    if let Some(slot) = slot {
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(world.clone());
+    }
+    let mut rng = Rng::new(seed ^ 0x7275_6e00);
+    let backend = make(&opts);
+    let mesh = {
+        let (w, b) = (world.clone(), backend.clone());
+        handle
+            .create_node()
+            .name("mesh")
+            .init(move || node_main(w.clone(), b.clone()))
+            .build()
+    };
+    let clients = handle.create_node().name("clients").build();
+    let topic = topic();
+
+    let kill_task = handle.create_node().name("chaos").build();
+    let kills = kill_task.spawn(kills(world.clone(), mesh.id(), rng.fork()));
+    let jumps = kill_task.spawn(clock_jumps(world.clone(), rng.fork()));
+
+    // The world before the clients: events no `latest` group sees, then the groups.
+    let before = opts.events_before;
+    clients
+        .spawn(publish(
+            world.clone(),
+            topic.clone(),
+            0,
+            0,
+            before,
+            1,
+            rng.fork(),
+        ))
+        .await
+        .ok();
+    let mut groups = Vec::new();
+    let mut client_ids = Vec::new();
+    for i in 0..opts.groups.len() {
+        let Some(s) = spec(&opts, i) else {
+            return Err(failure(
+                &world,
+                violation(Clause::Core, "a bad group name".into()),
+            ));
+        };
+        let w = world.clone();
+        clients
+            .spawn(async move {
+                while w.failure().is_none() {
+                    let s = w.spec_for(s.clone());
+                    if let Ok(Ok(_)) =
+                        call(&w, 0, move |h| async move { h.subscribe(s).await }).await
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .ok();
+        let g = &opts.groups[i];
+        let name = GroupName::new(&g.name).unwrap_or_else(|_| unreachable!("checked above"));
+        for (c, copt) in g.clients.iter().enumerate() {
+            let id = ClientId::new(&format!("{}-c{c}", g.name))
+                .unwrap_or_else(|_| unreachable!("a valid id"));
+            client_ids.push(id.clone());
+            let poller = Poller::new(
+                world.clone(),
+                name.clone(),
+                id,
+                copt.clone(),
+                g.ack_timeout_ms,
+                rng.fork(),
+            );
+            clients.spawn(poller.run());
+        }
+        groups.push(name);
+    }
+
+    // The fault phase: publishers spread their events over it, operators and faults act.
+    let per = opts.events / opts.publishers.max(1);
+    let batches = (per / opts.batch_max.div_ceil(2).max(1)).max(1);
+    let pace = (opts.fault_phase_ms / Millis::from(batches)).max(1);
+    let mut publishers = Vec::new();
+    for p in 0..opts.publishers {
+        let first = if p == 0 { before } else { 0 };
+        publishers.push(clients.spawn(publish(
+            world.clone(),
+            topic.clone(),
+            p,
+            first,
+            per,
+            pace,
+            rng.fork(),
+        )));
+    }
+    clients.spawn(operator(
+        world.clone(),
+        topic.clone(),
+        groups.clone(),
+        client_ids,
+        rng.fork(),
+    ));
+    clients.spawn(foreign_writer(
+        world.clone(),
+        backend.clone(),
+        topic.clone(),
+        rng.fork(),
+    ));
+    sleep_unless_failed(&world, opts.fault_phase_ms).await;
+
+    // Liveness: faults stop (the node comes back if it is down), clients behave.
+    world.stop_faults();
+    let _ = kills.await;
+    let _ = jumps.await;
+    for p in publishers {
+        let _ = p.await;
+    }
+    let start = world.elapsed_ms();
+    let mut converged = false;
+    while world.failure().is_none() && world.elapsed_ms() < start + LIVENESS_BUDGET_MS {
+        if world.with_checker(|c| c.converged()) && idle(&world).await {
+            converged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    world.set_done();
+    if world.failure().is_none() && !converged {
+        let lag = lag_report(&world, &groups, opts.partitions);
+        world.fail(violation(
+            Clause::C1,
+            format!("no convergence {LIVENESS_BUDGET_MS} ms after faults stopped: {lag}"),
+        ));
+    }
+    if world.failure().is_none() {
+        world.check_stranded(true);
+    }
+    if world.failure().is_none() {
+        if let Err(v) = world.with_checker(|c| c.check_quiescent()) {
+            world.fail(v);
+        }
+    }
+    if let Some(v) = world.failure() {
+        return Err(failure(&world, v));
+    }
+    Ok(Report {
+        seed,
+        steps: world.steps(),
+        incarnations: world.incarnations(),
+        sim_ms: world.elapsed_ms(),
+        trace_hash: world.trace_hash(),
+        counts: world.counts(),
+        stats: world.with_checker(|c| c.stats.clone()),
+    })
+}
+
+async fn sleep_unless_failed(world: &World, ms: Millis) {
+    let end = world.elapsed_ms() + ms;
+    while world.elapsed_ms() < end && world.failure().is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether the engine says nothing is in flight and no dead letter is being replayed.
+async fn idle(world: &World) -> bool {
+    match call(world, 0, |h| async move { h.subscriptions().await }).await {
+        Ok(Ok(subs)) => subs
+            .iter()
+            .all(|s| s.replaying == 0 && s.lanes.iter().all(|l| l.in_flight == 0)),
+        _ => false,
+    }
+}
+
+fn lag_report(world: &World, groups: &[GroupName], partitions: u32) -> String {
+    world.with_checker(|c| {
+        let mut out = Vec::new();
+        for g in groups {
+            for p in 0..partitions {
+                out.push(format!(
+                    "{g}/{p} durable watermark {:?}",
+                    c.durable_watermark(g, p)
+                ));
+            }
+        }
+        out.join(", ")
+    })
+}

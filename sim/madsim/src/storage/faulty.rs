@@ -1,0 +1,238 @@
+//! Fault-injecting wrappers around any log port and any state port, with rates drawn from
+//! the seed (`FaultRates`) and only while faults last. They distort what the engine is
+//! told, never what storage holds: a "failed, but written" append or persist really was
+//! written (and reported as durable by the storage beneath); a rewound or duplicated fetch
+//! answer holds the log's real records.
+
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use madsim_tokio as tokio;
+use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, TopicName};
+use unimesh_shell::engine::{AppendError, BoxFut, LogMetrics, LogPort, LogRead, StatePort};
+use unimesh_shell::log::AppendItem;
+use unimesh_shell::state::{DlqEntry, Loaded};
+use unimesh_sim::rng::Rng;
+use unimesh_sim::Clause;
+
+use crate::world::{violation, World};
+
+type SharedRng = Arc<Mutex<Rng>>;
+
+fn draw<T>(rng: &SharedRng, f: impl FnOnce(&mut Rng) -> T) -> T {
+    f(&mut rng.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// A log port that fails, delays, duplicates, rewinds and mislabels fetch answers, and
+/// fails appends (before or after writing them).
+pub struct FaultyLog {
+    inner: Arc<dyn LogPort>,
+    world: Arc<World>,
+    rng: SharedRng,
+}
+
+impl FaultyLog {
+    pub fn new(inner: Arc<dyn LogPort>, world: Arc<World>, rng: Rng) -> Self {
+        Self {
+            inner,
+            world,
+            rng: Arc::new(Mutex::new(rng)),
+        }
+    }
+}
+
+impl LogPort for FaultyLog {
+    fn fetch(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        max_bytes: usize,
+        wait_ms: u64,
+    ) -> BoxFut<LogRead> {
+        let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
+        Box::pin(async move {
+            let f = world.opts.faults.clone();
+            let faulty = world.faults_on();
+            if faulty && draw(&rng, |r| r.chance(f.fetch_delay)) {
+                world.count(|c| &mut c.fetch_delays);
+                let ms = draw(&rng, |r| r.range(1, f.fetch_delay_ms));
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if faulty && draw(&rng, |r| r.chance(f.fetch_fail)) {
+                world.count(|c| &mut c.fetch_failures);
+                return LogRead::Failed("injected: the broker did not answer".into());
+            }
+            let read = inner
+                .fetch(topic.clone(), partition, from, max, max_bytes, wait_ms)
+                .await;
+            let LogRead::Records(records) = read else {
+                return read;
+            };
+            if !world.faults_on() {
+                return LogRead::Records(records);
+            }
+            if draw(&rng, |r| r.chance(f.fetch_out_of_range)) {
+                if let Ok((earliest, end)) = inner.offsets(&topic, partition) {
+                    world.count(|c| &mut c.fetch_out_of_range);
+                    return LogRead::OutOfRange { earliest, end };
+                }
+            }
+            let earliest = inner.offsets(&topic, partition).map_or(from, |(e, _)| e);
+            if from > earliest && draw(&rng, |r| r.chance(f.fetch_rewind)) {
+                let back = draw(&rng, |r| r.range(1, (from - earliest).min(8)));
+                let earlier = inner
+                    .fetch(topic, partition, from - back, back as usize, max_bytes, 0)
+                    .await;
+                if let LogRead::Records(mut earlier) = earlier {
+                    world.count(|c| &mut c.fetch_rewinds);
+                    earlier.retain(|(o, _)| *o < from);
+                    earlier.extend(records);
+                    return LogRead::Records(earlier);
+                }
+                return LogRead::Records(records);
+            }
+            if !records.is_empty() && draw(&rng, |r| r.chance(f.fetch_duplicates)) {
+                world.count(|c| &mut c.fetch_duplicates);
+                let mut out = Vec::with_capacity(records.len() * 2);
+                for r in records {
+                    if draw(&rng, |g| g.chance(0.5)) {
+                        out.push(r.clone());
+                    }
+                    out.push(r);
+                }
+                return LogRead::Records(out);
+            }
+            LogRead::Records(records)
+        })
+    }
+
+    fn append(
+        &self,
+        topic: TopicName,
+        items: Vec<AppendItem>,
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+        let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
+        Box::pin(async move {
+            let f = world.opts.faults.clone();
+            if world.faults_on() && draw(&rng, |r| r.chance(f.append_fail)) {
+                world.count(|c| &mut c.append_failures);
+                return Err(AppendError::Unavailable(
+                    "injected: the write failed".into(),
+                ));
+            }
+            let placed = inner.append(topic, items).await?;
+            if world.faults_on() && draw(&rng, |r| r.chance(f.append_fail_written)) {
+                world.count(|c| &mut c.appends_failed_but_written);
+                return Err(AppendError::Unavailable(
+                    "injected: the sync reported a failure, but the data was written".into(),
+                ));
+            }
+            Ok(placed)
+        })
+    }
+
+    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
+        self.inner.ensure_topic(topic)
+    }
+
+    fn partitions(&self, topic: &TopicName) -> Option<u32> {
+        self.inner.partitions(topic)
+    }
+
+    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+        self.inner.offsets(topic, partition)
+    }
+
+    fn enforce_retention(&self) -> Result<usize, String> {
+        self.inner.enforce_retention()
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.inner.fault()
+    }
+
+    fn metrics(&self) -> Option<LogMetrics> {
+        self.inner.metrics()
+    }
+}
+
+/// A state port that is slow, and fails writes (before or after making them durable).
+/// It also holds the persist writer to its contract: one batch at a time.
+pub struct FaultyState {
+    inner: Arc<dyn StatePort>,
+    world: Arc<World>,
+    rng: SharedRng,
+    applying: Arc<AtomicBool>,
+}
+
+impl FaultyState {
+    pub fn new(inner: Arc<dyn StatePort>, world: Arc<World>, rng: Rng) -> Self {
+        Self {
+            inner,
+            world,
+            rng: Arc::new(Mutex::new(rng)),
+            applying: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+/// Clears the "a batch is being applied" flag when the apply ends, however it ends.
+struct Applying(Arc<AtomicBool>);
+
+impl Drop for Applying {
+    fn drop(&mut self) {
+        self.0.store(false, AtomicOrdering::Relaxed);
+    }
+}
+
+impl StatePort for FaultyState {
+    fn load(&self) -> Result<Loaded, String> {
+        self.inner.load()
+    }
+
+    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+        let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
+        let applying = self.applying.clone();
+        Box::pin(async move {
+            if applying.swap(true, AtomicOrdering::Relaxed) {
+                world.fail(violation(
+                    Clause::C3,
+                    "the state store was handed a batch while another was being written".into(),
+                ));
+            }
+            let _applying = Applying(applying);
+            let f = world.opts.faults.clone();
+            let latency = draw(&rng, |r| r.range(0, f.persist_latency_ms));
+            if latency > 0 {
+                tokio::time::sleep(Duration::from_millis(latency)).await;
+            }
+            if world.faults_on() && draw(&rng, |r| r.chance(f.persist_fail)) {
+                world.count(|c| &mut c.persist_failures);
+                return Err("injected: the state write failed".into());
+            }
+            inner.apply(batch, now_wall_ms).await?;
+            if world.faults_on() && draw(&rng, |r| r.chance(f.persist_fail_written)) {
+                world.count(|c| &mut c.persists_failed_but_written);
+                return Err(
+                    "injected: the sync reported a failure, but the batch was written".into(),
+                );
+            }
+            Ok(())
+        })
+    }
+
+    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.inner.dlq_list(group, max)
+    }
+
+    fn put_rate_rule(
+        &self,
+        topic: TopicName,
+        rule: Option<RateRule>,
+    ) -> BoxFut<Result<(), String>> {
+        self.inner.put_rate_rule(topic, rule)
+    }
+}

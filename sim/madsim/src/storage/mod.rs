@@ -1,0 +1,95 @@
+//! Storage for the mesh node, and where a new storage port plugs in.
+//!
+//! A [`Backend`] gives each incarnation of the node its two ports; the harness wraps them in
+//! the fault injectors of `faulty` (fetch answers failed, delayed, duplicated, rewound,
+//! "out of range"; appends and state writes failed, also after writing) and starts the
+//! engine on them exactly as `serve` does. What a backend owes the harness is honest
+//! durability, reported to the [`World`] at the instant a write becomes durable:
+//! - every record the broker keeps: [`World::published`], each partition in offset order
+//!   from 0, before any fetch can return it and before its append is answered;
+//! - every prefix retention deletes: [`World::retention`];
+//! - every state batch: [`World::persist_durable`], from inside the commit (the `Arc` the
+//!   engine queued is the one its `StatePort::apply` gets).
+//!
+//! A kill of the node must lose exactly what was not durable: state that outlives the node
+//! (a disk, a broker on its own node) lives in the backend, which the harness keeps outside.
+//! A backend is made inside the runtime (`run::run_seed_on`), so it may build nodes of its
+//! own there (a broker).
+//! [`MemoryBackend`] is the embedded-log shape: the log and the state store on the node's
+//! disk. A Kafka backend would give a port talking to madsim-rdkafka's simulated broker
+//! (on a node of its own) and report what the broker made durable.
+
+mod faulty;
+mod log;
+mod state;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use unimesh_core::TopicName;
+use unimesh_shell::engine::{EngineConfig, LogPort, StatePort, StoreAdapter};
+use unimesh_shell::state::{MemoryDisk, MemoryStore};
+use unimesh_sim::rng::Rng;
+
+pub use faulty::{FaultyLog, FaultyState};
+pub use log::{LogDisk, SimLog};
+pub use state::ReportingStore;
+
+use crate::world::World;
+
+/// Storage the mesh node runs on (see the module documentation).
+pub trait Backend: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+
+    /// The ports of one incarnation, built on the node at every start. `rng` is the
+    /// incarnation's own (drawn from the seed).
+    fn ports(&self, world: &Arc<World>, rng: Rng) -> (Arc<dyn LogPort>, Arc<dyn StatePort>);
+
+    /// Adjusts the engine's configuration to the broker (a broker that keeps group
+    /// offsets wants `mesh.commit_to_broker`, whose `Commit` effects the checker judges).
+    fn configure(&self, config: &mut EngineConfig) {
+        let _ = config;
+    }
+
+    /// Writes a record to the broker from outside the mesh (bytes that need not decode as
+    /// an event), if the backend can. Reported like any other record.
+    fn write_foreign(&self, world: &Arc<World>, topic: &TopicName, body: Bytes) -> bool {
+        let _ = (world, topic, body);
+        false
+    }
+}
+
+/// The embedded shape: the simulated log and the shell's memory state store, both on a
+/// disk that outlives the node.
+pub struct MemoryBackend {
+    log: Arc<LogDisk>,
+    disk: MemoryDisk,
+}
+
+impl MemoryBackend {
+    pub fn new(default_partitions: u32) -> Self {
+        Self {
+            log: Arc::new(LogDisk::new(default_partitions)),
+            disk: MemoryDisk::new(),
+        }
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn ports(&self, world: &Arc<World>, rng: Rng) -> (Arc<dyn LogPort>, Arc<dyn StatePort>) {
+        let log: Arc<dyn LogPort> = Arc::new(SimLog::new(self.log.clone(), world.clone(), rng));
+        let store = ReportingStore::new(MemoryStore::open(self.disk.clone()), world.clone());
+        let state: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(Box::new(store)));
+        (log, state)
+    }
+
+    fn write_foreign(&self, world: &Arc<World>, topic: &TopicName, body: Bytes) -> bool {
+        self.log.ensure_topic(topic);
+        self.log.write_foreign(world, topic, body);
+        true
+    }
+}
