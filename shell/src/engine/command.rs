@@ -9,6 +9,7 @@ use unimesh_core::{
 };
 
 use super::api::{ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, SubscriptionInfo};
+use super::stream::Stream;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
@@ -52,6 +53,13 @@ pub(crate) enum Command {
     Offsets {
         topic: TopicName,
         reply: Reply<Vec<OffsetRow>>,
+    },
+    /// A stream session (SSE, WebSocket): up to `window` deliveries queued at once.
+    OpenStream {
+        group: GroupName,
+        client: ClientId,
+        window: u32,
+        reply: Reply<Stream>,
     },
     Replay {
         group: GroupName,

@@ -21,6 +21,7 @@ use super::api::{
 use super::command::{Command, Reply};
 use super::ports::{AppendError, LogPort, StatePort};
 use super::records::decode_record;
+use super::stream::Stream;
 use crate::log::AppendItem;
 
 /// The handle the HTTP front uses. Cheap to clone.
@@ -154,6 +155,25 @@ impl EngineHandle {
             client,
             max,
             wait_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Opens a stream session for one client of a group: deliveries arrive in the stream's
+    /// queue, up to `window` at a time, until the stream is dropped. A session the client
+    /// had (stream or long-poll) ends, and what it held comes again on this one.
+    pub async fn open_stream(
+        &self,
+        group: &GroupName,
+        client: &ClientId,
+        window: u32,
+    ) -> Result<Stream, EngineError> {
+        let (group, client) = (group.clone(), client.clone());
+        self.ask(|reply| Command::OpenStream {
+            group,
+            client,
+            window,
             reply,
         })
         .await

@@ -16,6 +16,7 @@ mod handle;
 mod persist;
 pub mod ports;
 mod records;
+mod stream;
 mod task;
 
 #[cfg(test)]
@@ -38,6 +39,7 @@ pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
 };
+pub use stream::{PushOutcome, Stream};
 
 use persist::persist_writer;
 use task::EngineTask;
@@ -118,6 +120,10 @@ pub fn start(
     let (commands_tx, commands_rx) = mpsc::channel(config.command_capacity.max(1));
     let (events_tx, events_rx) = mpsc::channel(config.command_capacity.max(1));
     let (persist_tx, persist_rx) = mpsc::channel(64);
+    // Unbounded, but each notice answers deliveries the engine handed out (at most one
+    // `Written` per batch taken, one `Failed` or `Settled` per delivery, one `Closed` per
+    // session), which credit and `maxInFlightPerClient` bound.
+    let (notices_tx, notices_rx) = mpsc::unbounded_channel();
 
     let mut task = EngineTask::new(
         mesh,
@@ -126,6 +132,7 @@ pub fn start(
         commands_rx,
         persist_tx,
         (events_tx.clone(), events_rx),
+        (notices_tx, notices_rx),
         config.fetch_wait_ms,
         config.fetch_max_bytes,
     );

@@ -35,6 +35,12 @@ impl EngineTask {
             Command::Offsets { topic, reply } => {
                 let _ = reply.send(self.offsets(&topic));
             }
+            Command::OpenStream {
+                group,
+                client,
+                window,
+                reply,
+            } => self.open_stream(group, client, window, reply),
             Command::Poll {
                 group,
                 client,
@@ -86,6 +92,9 @@ impl EngineTask {
             let key = (g.clone(), client.clone());
             if self.polls.contains(&key) {
                 self.finish_waiter(&key);
+            }
+            if self.streams.contains(&key) {
+                self.end_stream(&key);
             }
             if present {
                 let _ = self.handle(Input::ClientGone {
@@ -227,6 +236,9 @@ impl EngineTask {
         for key in self.polls.keys(None) {
             self.finish_waiter(&key);
         }
+        for key in self.streams.keys(None) {
+            self.end_stream(&key);
+        }
     }
 
     /// Creates or updates a group; answers (created?) once its definition is durable.
@@ -290,6 +302,10 @@ impl EngineTask {
             if let Some(w) = self.polls.take(&key) {
                 let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));
             }
+        }
+        // The group is gone: its streams end (their transports see the end).
+        for key in self.streams.keys(Some(&group)) {
+            self.end_stream(&key);
         }
         self.flush_after(reply);
     }
