@@ -15,7 +15,11 @@ def backoff_initial_within_max(context, body):
     if not isinstance(body, dict) or not isinstance(body.get("backoff"), dict):
         return body
     b = body["backoff"]
-    initial, maximum = b.get("initialMs"), b.get("maxMs", 60000)
+    # Absent or null members take their defaults: initialMs 1000, maxMs 60000.
+    initial = b.get("initialMs")
+    maximum = b.get("maxMs")
+    initial = 1000 if initial is None else initial
+    maximum = 60000 if maximum is None else maximum
     if isinstance(initial, int) and isinstance(maximum, int) and not isinstance(initial, bool) \
             and not isinstance(maximum, bool) and initial > maximum:
         b["initialMs"] = maximum

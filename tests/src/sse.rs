@@ -13,9 +13,22 @@ pub struct SseEvent {
     pub retry: Option<u64>,
 }
 
+/// What [`SseStream::next_event_within`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    End,
+    Event(SseEvent),
+    /// Nothing complete within the time given.
+    Idle,
+}
+
 /// An open SSE stream.
 pub struct SseStream {
     reader: BufReader<TcpStream>,
+    /// A line (and an event) read in part when a read timed out.
+    partial: String,
+    pending: SseEvent,
+    has_data: bool,
     /// The answer's status and head.
     pub status: u16,
     pub head: String,
@@ -70,9 +83,35 @@ impl SseStream {
         }
         Self {
             reader,
+            partial: String::new(),
+            pending: SseEvent::default(),
+            has_data: false,
             status,
             head,
             body,
+        }
+    }
+
+    /// Like [`SseStream::next_event`], but gives up after `idle` without a complete event.
+    pub fn next_event_within(&mut self, idle: Duration) -> Next {
+        let _ = self.reader.get_ref().set_read_timeout(Some(idle));
+        let got = self.read_event();
+        let _ = self
+            .reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_secs(60)));
+        match got {
+            Ok(Some(e)) => Next::Event(e),
+            Ok(None) => Next::End,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Next::Idle
+            }
+            Err(_) => Next::End,
         }
     }
 
@@ -80,31 +119,38 @@ impl SseStream {
     /// latter remembered on the next event). `None` when the stream ends. Chunked
     /// transfer framing is skipped: chunk-size lines are hex numbers alone on a line.
     pub fn next_event(&mut self) -> Option<SseEvent> {
-        let mut ev = SseEvent::default();
-        let mut has_data = false;
+        self.read_event().ok().flatten()
+    }
+
+    fn read_event(&mut self) -> std::io::Result<Option<SseEvent>> {
         loop {
-            let mut line = String::new();
-            if self.reader.read_line(&mut line).ok()? == 0 {
-                return None;
+            if self.reader.read_line(&mut self.partial)? == 0 {
+                return Ok(None);
             }
+            if !self.partial.ends_with('\n') {
+                continue;
+            }
+            let line = std::mem::take(&mut self.partial);
             let line = line.trim_end_matches(['\r', '\n']);
             if line.is_empty() {
-                if has_data {
-                    return Some(ev);
+                if self.has_data {
+                    self.has_data = false;
+                    return Ok(Some(std::mem::take(&mut self.pending)));
                 }
                 continue;
             }
             if line.starts_with(':') {
                 continue;
             }
+            let ev = &mut self.pending;
             if let Some(v) = line.strip_prefix("id:") {
                 ev.id = Some(v.trim_start().to_owned());
             } else if let Some(v) = line.strip_prefix("data:") {
-                if has_data {
+                if self.has_data {
                     ev.data.push('\n');
                 }
                 ev.data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                has_data = true;
+                self.has_data = true;
             } else if let Some(v) = line.strip_prefix("retry:") {
                 ev.retry = v.trim().parse().ok();
             }

@@ -76,6 +76,8 @@ fn apply_limits(doc: &mut Value, config: &Config) {
     let poll = "/paths/~1v1~1subscriptions~1{group}~1events/get";
     param_bound(doc, poll, "max", "maximum", json!(l.max_poll_events));
     param_bound(doc, poll, "waitMs", "maximum", json!(l.max_wait_ms));
+    let request = "/paths/~1v1~1topics~1{topic}~1request/post";
+    param_bound(doc, request, "timeoutMs", "maximum", json!(l.max_wait_ms));
     for op in [
         "/paths/~1admin~1dlq~1{group}/get",
         "/paths/~1admin~1dlq~1{group}~1replay/post",

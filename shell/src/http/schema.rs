@@ -85,6 +85,10 @@ fn uri_reference_pattern() -> String {
 const MEDIA_TYPE_PATTERN: &str =
     r"^[ \t]*[!-.0-:<-~][!-.0-:<-~ \t]*/[!-.0-:<-~ \t]*[!-.0-:<-~][ \t]*(?:;[ -~\t]*)?$";
 
+/// Canonical padded base64 (what the reader decodes).
+const BASE64_PATTERN: &str =
+    "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
+
 /// JSON media types: their `data` is any JSON value; every other type's is a string.
 const JSON_MEDIA_TYPE_PATTERN: &str = r"^[ \t]*(?:[Aa][Pp][Pp][Ll][Ii][Cc][Aa][Tt][Ii][Oo][Nn]/[Jj][Ss][Oo][Nn]|[Tt][Ee][Xx][Tt]/[Jj][Ss][Oo][Nn]|[!-.0-:<-~][!-.0-:<-~ \t]*/[!-.0-:<-~ \t]*\+[Jj][Ss][Oo][Nn])[ \t]*(?:;[ -~\t]*)?$";
 
@@ -96,14 +100,16 @@ fn attributes(publish: bool) -> Value {
         "source": {"type": "string", "minLength": 1, "pattern": uri_reference_pattern(),
             "description": "A URI-reference (RFC 3986)."},
         "type": {"type": "string", "minLength": 1},
-        "subject": {"type": "string", "minLength": 1},
-        "time": {"type": "string", "format": "date-time", "description": "RFC 3339."},
-        "datacontenttype": {"type": "string", "pattern": MEDIA_TYPE_PATTERN,
+        "subject": {"type": ["string", "null"], "minLength": 1},
+        "time": {"type": ["string", "null"], "format": "date-time", "description": "RFC 3339."},
+        "datacontenttype": {"type": ["string", "null"], "pattern": MEDIA_TYPE_PATTERN,
             "description": "The media type of `data`; absent means JSON."},
-        "dataschema": {"type": "string", "format": "uri", "description": "An absolute URI."},
+        "dataschema": {"type": ["string", "null"], "format": "uri",
+            "description": "An absolute URI."},
         "data": {"description": "Any JSON value when `datacontenttype` is JSON or absent; a \
             string otherwise (binary data goes in `data_base64`)."},
-        "data_base64": {"type": "string", "contentEncoding": "base64"},
+        "data_base64": {"type": ["string", "null"], "contentEncoding": "base64",
+            "pattern": BASE64_PATTERN},
     });
     if !publish {
         p["emmqpartition"] = json!({"type": "string", "pattern": "^[0-9]+$",
@@ -133,7 +139,7 @@ fn cloudevent_schema(publish: bool) -> Value {
         "description": if publish {
             "A CloudEvent 1.0 (JSON event format). Extension attributes are strings, booleans \
              or 32-bit integers; `emmqoffset` and `emmqpartition` are set by the mesh on \
-             delivery and refused here."
+             delivery and refused here. A null attribute counts as absent."
         } else {
             "A CloudEvent 1.0 as delivered: the published event with the broker position \
              added as the extensions `emmqpartition` and `emmqoffset`."
@@ -142,16 +148,20 @@ fn cloudevent_schema(publish: bool) -> Value {
         "properties": attributes(publish),
         "propertyNames": names,
         "additionalProperties": {
-            "type": ["string", "integer", "boolean"],
+            "type": ["string", "integer", "boolean", "null"],
             "minimum": -2147483648i64,
             "maximum": 2147483647i64
         },
-        "not": {"required": ["data", "data_base64"]},
+        "not": {
+            "required": ["data", "data_base64"],
+            "properties": {"data": {"not": {"type": "null"}}, "data_base64": {"type": "string"}}
+        },
         "if": {
             "required": ["datacontenttype"],
-            "properties": {"datacontenttype": {"not": {"pattern": JSON_MEDIA_TYPE_PATTERN}}}
+            "properties": {"datacontenttype": {"type": "string",
+                "not": {"pattern": JSON_MEDIA_TYPE_PATTERN}}}
         },
-        "then": {"properties": {"data": {"type": "string"}}}
+        "then": {"properties": {"data": {"type": ["string", "null"]}}}
     })
 }
 
