@@ -125,8 +125,10 @@ fn extension_conditions() -> utoipa::openapi::Object {
         .build()
 }
 
-/// Redelivery backoff; absent members take their defaults (1000, 60000, 2). `initialMs`
-/// must not exceed `maxMs` (400 otherwise: a relation JSON Schema cannot state).
+/// Redelivery backoff; absent members take their defaults (1000, 60000, 2; an absent
+/// `initialMs` is at most the given `maxMs`, an absent `maxMs` at least the given
+/// `initialMs`). A given `initialMs` must not exceed a given `maxMs` (400 otherwise: a
+/// relation JSON Schema cannot state).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackoffDoc {
@@ -295,9 +297,18 @@ impl SubscriptionDoc {
         }
         if let Some(b) = self.backoff {
             let d = Backoff::default();
+            // A default never conflicts with what was given: an absent `initialMs` is at
+            // most the given `maxMs`, an absent `maxMs` at least the given `initialMs`.
+            // Only two given values can disagree (refused by `validate`).
+            let (initial_ms, max_ms) = match (b.initial_ms, b.max_ms) {
+                (Some(i), Some(m)) => (i, m),
+                (Some(i), None) => (i, d.max_ms.max(i)),
+                (None, Some(m)) => (d.initial_ms.min(m), m),
+                (None, None) => (d.initial_ms, d.max_ms),
+            };
             spec.backoff = Backoff {
-                initial_ms: b.initial_ms.unwrap_or(d.initial_ms),
-                max_ms: b.max_ms.unwrap_or(d.max_ms),
+                initial_ms,
+                max_ms,
                 multiplier: b.multiplier.unwrap_or(d.multiplier),
             };
         }
@@ -558,6 +569,18 @@ mod tests {
             spec.push_url.as_deref(),
             Some("https://hooks.example.com/in?x=1")
         );
+    }
+
+    #[test]
+    fn an_absent_backoff_bound_never_conflicts_with_the_given_one() {
+        let spec = parse(r#"{"topic":"t","backoff":{"maxMs":0}}"#).unwrap();
+        assert_eq!((spec.backoff.initial_ms, spec.backoff.max_ms), (0, 0));
+        let spec = parse(r#"{"topic":"t","backoff":{"initialMs":90000}}"#).unwrap();
+        assert_eq!(
+            (spec.backoff.initial_ms, spec.backoff.max_ms),
+            (90_000, 90_000)
+        );
+        assert!(parse(r#"{"topic":"t","backoff":{"initialMs":10,"maxMs":5}}"#).is_err());
     }
 
     #[test]
