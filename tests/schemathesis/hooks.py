@@ -1,26 +1,37 @@
 """Constraints of the unimesh API that JSON Schema cannot state, for schemathesis.
 
-A hook may touch negative cases too; it only changes values the schema allows either way.
+`before_call` runs before every request of every phase (coverage included, which
+`map_body` does not reach); only positive (schema-valid) cases are adjusted, so a negative
+case stays as invalid as it was generated.
 """
 import schemathesis
 
 
-@schemathesis.hook("map_body")
-def backoff_initial_within_max(context, body):
-    """`backoff.initialMs` must not exceed `backoff.maxMs` (default 60000): a relation
-    between two fields, refused with 400 by the server and documented in the schema."""
-    op = context.operation
-    if op is None or op.method.upper() != "PUT" or not op.path.startswith("/v1/subscriptions/"):
-        return body
+def _positive(case):
+    meta = getattr(case, "meta", None)
+    try:
+        return meta is not None and meta.generation.mode.is_positive
+    except AttributeError:
+        return False
+
+
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    """`backoff.initialMs` must not exceed `backoff.maxMs` when both are given: a relation
+    between two fields, refused with 400 by the server and stated in the schema's text."""
+    op = case.operation
+    if op.method.upper() != "PUT" or not op.path.startswith("/v1/subscriptions/"):
+        return
+    if not _positive(case):
+        return
+    body = case.body
     if not isinstance(body, dict) or not isinstance(body.get("backoff"), dict):
-        return body
+        return
     b = body["backoff"]
-    # Absent or null members take their defaults: initialMs 1000, maxMs 60000.
-    initial = b.get("initialMs")
-    maximum = b.get("maxMs")
-    initial = 1000 if initial is None else initial
-    maximum = 60000 if maximum is None else maximum
-    if isinstance(initial, int) and isinstance(maximum, int) and not isinstance(initial, bool) \
-            and not isinstance(maximum, bool) and initial > maximum:
+    initial, maximum = b.get("initialMs"), b.get("maxMs")
+    if _int(initial) and _int(maximum) and initial > maximum:
         b["initialMs"] = maximum
-    return body

@@ -46,7 +46,7 @@ for api in traffic admin; do
     --phases examples,coverage,fuzzing,stateful \
     --exclude-operation-id stream --exclude-operation-id websocket \
     --max-examples "$examples" \
-    --request-timeout 10 \
+    --request-timeout 30 \
     --workers 1 \
     --seed 1 \
     || status=$?
