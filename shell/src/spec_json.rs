@@ -34,6 +34,9 @@ pub const MAX_PUSH_URL_BYTES: usize = 2_048;
 /// optional port, path and query, nothing else (no user info, no fragment).
 pub const PUSH_URL_PATTERN: &str = r"^https?://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
 
+/// [`PUSH_URL_PATTERN`] after the host: optional port, path and query.
+pub const PUSH_URL_AFTER_HOST: &str = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
+
 /// Longest accepted filter value (type, source, subject, prefixes, extension values), in bytes.
 pub const MAX_FILTER_VALUE_BYTES: usize = 1_024;
 
@@ -569,6 +572,11 @@ mod tests {
             spec.push_url.as_deref(),
             Some("https://hooks.example.com/in?x=1")
         );
+    }
+
+    #[test]
+    fn the_push_url_pattern_ends_with_the_after_host_part() {
+        assert!(PUSH_URL_PATTERN.ends_with(PUSH_URL_AFTER_HOST));
     }
 
     #[test]

@@ -24,6 +24,10 @@ max_wait_ms = 500
 default_wait_ms = 100
 [state]
 backend = "memory"
+# Generated subscriptions carry push URLs: they may name this machine only (nobody listens
+# there; the pushes are refused and retried), never a host elsewhere.
+[push]
+allowed_hosts = "127.0.0.1"
 TOML
 "$bin" serve --config "$work/unimesh.toml" --data "$work/data" \
   --http "127.0.0.1:$http_port" --admin "127.0.0.1:$admin_port" 2> "$work/server.log" &

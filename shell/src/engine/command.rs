@@ -75,6 +75,10 @@ pub(crate) enum Command {
     Metrics {
         reply: Reply<MetricsSnapshot>,
     },
+    /// The groups with `push.url`: (group, url, backoff maximum).
+    PushTargets {
+        reply: Reply<Vec<(GroupName, String, u64)>>,
+    },
     Shutdown {
         reply: Reply<()>,
     },

@@ -302,6 +302,12 @@ impl EngineHandle {
             .map_err(|e| EngineError::BadRequest(e.to_string()))
     }
 
+    /// The groups that push to a webhook: (group, URL, the group's backoff maximum). Cheap
+    /// (definitions only, no progress views), so pushers can be matched often.
+    pub async fn push_targets(&self) -> Result<Vec<(GroupName, String, u64)>, EngineError> {
+        self.ask(|reply| Command::PushTargets { reply }).await
+    }
+
     pub async fn metrics_snapshot(&self) -> Result<MetricsSnapshot, EngineError> {
         let mut snapshot = self.ask(|reply| Command::Metrics { reply }).await?;
         snapshot.log = self.log.metrics();

@@ -32,6 +32,7 @@ pub(super) fn render_with(listener: Listener, config: Option<&Config>) -> Bytes 
     let mut doc =
         serde_json::to_value(described(listener, openapi(listener))).unwrap_or(Value::Null);
     schema::install(&mut doc);
+    link_names(&mut doc);
     if let Some(config) = config {
         apply_limits(&mut doc, config);
     }
@@ -134,6 +135,59 @@ fn apply_limits(doc: &mut Value, config: &Config) {
         &format!("{schemas}/CloudEventBatch/maxItems"),
         json!(l.max_batch_events),
     );
+    // With an allow-list, a push URL must name one of its hosts: the document says so, so a
+    // generated client (or a fuzzer) never offers another.
+    let hosts: Vec<String> = config
+        .push
+        .allowed_hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(regex::escape)
+        .collect();
+    if !hosts.is_empty() {
+        let pattern = format!(
+            "^https?://(?:{}){}",
+            hosts.join("|"),
+            crate::spec_json::PUSH_URL_AFTER_HOST
+        );
+        set(
+            doc,
+            &format!("{schemas}/PushDoc/properties/url/pattern"),
+            json!(pattern),
+        );
+    }
+}
+
+/// utoipa 5 writes the members of a response link in snake case (`operation_id`); OpenAPI
+/// names them `operationId`, `operationRef` and `requestBody`.
+fn link_names(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for op in item.values_mut() {
+            let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            for response in responses.values_mut() {
+                let Some(links) = response.get_mut("links").and_then(Value::as_object_mut) else {
+                    continue;
+                };
+                for link in links.values_mut().filter_map(Value::as_object_mut) {
+                    for (from, to) in [
+                        ("operation_id", "operationId"),
+                        ("operation_ref", "operationRef"),
+                        ("request_body", "requestBody"),
+                    ] {
+                        if let Some(v) = link.remove(from) {
+                            link.insert(to.to_owned(), v);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Sets a value the document already has (a missing one means the annotations changed

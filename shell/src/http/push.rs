@@ -69,29 +69,28 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig) {
     connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
     connector.set_nodelay(true);
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
-    let mut running: BTreeMap<GroupName, (String, JoinHandle<()>)> = BTreeMap::new();
+    let mut running: BTreeMap<GroupName, ((String, u64), JoinHandle<()>)> = BTreeMap::new();
     let every = Duration::from_millis(config.scan_interval_ms);
     loop {
-        let subs = engine.subscriptions().await;
-        if subs.is_err() && engine.health().is_err() {
+        let targets = engine.push_targets().await;
+        if targets.is_err() && engine.health().is_err() {
             // The engine task stopped: its sessions ended, so every pusher ends too.
             return;
         }
-        if let Ok(subs) = subs {
-            let mut wanted: BTreeMap<GroupName, String> = BTreeMap::new();
-            for s in subs {
-                if let Some(url) = s.spec.push_url {
-                    wanted.insert(s.spec.group, url);
-                }
+        if let Ok(targets) = targets {
+            let mut wanted: BTreeMap<GroupName, (String, u64)> = BTreeMap::new();
+            for (group, url, backoff_max_ms) in targets {
+                wanted.insert(group, (url, backoff_max_ms));
             }
-            running.retain(|group, (url, job)| {
-                let keep = !job.is_finished() && wanted.get(group) == Some(url);
+            // A changed URL or backoff maximum restarts the group's pusher.
+            running.retain(|group, (target, job)| {
+                let keep = !job.is_finished() && wanted.get(group) == Some(target);
                 if !keep {
                     job.abort();
                 }
                 keep
             });
-            for (group, url) in wanted {
+            for (group, (url, backoff_max_ms)) in wanted {
                 if running.contains_key(&group) {
                     continue;
                 }
@@ -101,8 +100,9 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig) {
                     config.clone(),
                     group.clone(),
                     url.clone(),
+                    backoff_max_ms,
                 ));
-                running.insert(group, (url, job));
+                running.insert(group, ((url, backoff_max_ms), job));
             }
         }
         tokio::time::sleep(every).await;
@@ -117,6 +117,7 @@ async fn push_group(
     config: PushConfig,
     group: GroupName,
     url: String,
+    backoff_max_ms: u64,
 ) {
     let Ok(who) = ClientId::new(PUSH_CLIENT) else {
         return;
@@ -131,11 +132,6 @@ async fn push_group(
             return;
         }
     };
-    let backoff_max_ms = engine
-        .subscription(&group)
-        .await
-        .map(|i| i.spec.backoff.max_ms)
-        .unwrap_or(0);
     tracing::info!(%group, %url, "webhook pusher started");
     let mut inflight: JoinSet<()> = JoinSet::new();
     let max = config.max_concurrency as usize;

@@ -285,6 +285,43 @@ fn configured_bounds_reach_the_served_document() {
     );
     assert_eq!(s["BackoffDoc"]["properties"]["maxMs"]["maximum"], 9_009);
     assert_eq!(s["CloudEventBatch"]["maxItems"], 22);
+    let mut config = Config::default();
+    config.push.allowed_hosts = "127.0.0.1, hooks.example".to_owned();
+    let t: Value =
+        serde_json::from_slice(&render_openapi(Listener::Traffic, &config)).expect("JSON");
+    let pattern = t["components"]["schemas"]["PushDoc"]["properties"]["url"]["pattern"]
+        .as_str()
+        .expect("a pattern");
+    let re = regex::Regex::new(pattern).expect("compiles");
+    assert!(re.is_match("http://127.0.0.1:9000/in?x=1"));
+    assert!(re.is_match("https://hooks.example/in"));
+    assert!(!re.is_match("http://127.0.0.2/in"), "{pattern}");
+    assert!(!re.is_match("http://evil.example/in"));
+}
+
+/// Goal: response links name their target as OpenAPI spells it, and the target exists.
+#[test]
+fn links_name_existing_operations() {
+    let doc: Value = serde_json::from_slice(&render_openapi(Listener::Traffic, &Config::default()))
+        .expect("JSON");
+    let ids: Vec<String> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .flat_map(|item| item.as_object().into_iter().flat_map(|o| o.values()))
+        .filter_map(|op| op["operationId"].as_str().map(str::to_owned))
+        .collect();
+    let links = doc["paths"]["/v1/subscriptions/{group}"]["put"]["responses"]["201"]["links"]
+        .as_object()
+        .expect("links");
+    assert!(!links.is_empty());
+    for (name, link) in links {
+        let target = link["operationId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {link}"));
+        assert!(ids.iter().any(|id| id == target), "{name} -> {target}");
+        assert!(link.get("operation_id").is_none());
+    }
 }
 
 /// Goal: the two APIs are apart: no admin operation in the traffic document, no traffic

@@ -131,8 +131,20 @@ pub(super) async fn publish(
     params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
     request_body(content = SubscriptionDoc, content_type = "application/json"),
     responses(
-        (status = 200, description = "Updated; every setting spelled out.", body = SubscriptionDefinition),
-        (status = 201, description = "Created; every setting spelled out.", body = SubscriptionDefinition),
+        (status = 200, description = "Updated; every setting spelled out.", body = SubscriptionDefinition,
+            links(
+                ("getSubscription" = (operation_id = "getSubscription", parameters(("group" = "$request.path.group")))),
+                ("poll" = (operation_id = "poll", parameters(("group" = "$request.path.group")))),
+                ("ack" = (operation_id = "ack", parameters(("group" = "$request.path.group")))),
+                ("deleteSubscription" = (operation_id = "deleteSubscription", parameters(("group" = "$request.path.group")))),
+            )),
+        (status = 201, description = "Created; every setting spelled out.", body = SubscriptionDefinition,
+            links(
+                ("getSubscription" = (operation_id = "getSubscription", parameters(("group" = "$request.path.group")))),
+                ("poll" = (operation_id = "poll", parameters(("group" = "$request.path.group")))),
+                ("ack" = (operation_id = "ack", parameters(("group" = "$request.path.group")))),
+                ("deleteSubscription" = (operation_id = "deleteSubscription", parameters(("group" = "$request.path.group")))),
+            )),
         (status = 400, description = "Invalid JSON, name or setting (the message names the field), or the topic limit.", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
         (status = 409, description = "The topic or ordering of an existing group cannot change.", body = ErrorBody),

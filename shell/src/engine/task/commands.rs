@@ -48,6 +48,18 @@ impl EngineTask {
                 wait_ms,
                 reply,
             } => self.poll(group, client, max, wait_ms, reply),
+            Command::PushTargets { reply } => {
+                let targets = self
+                    .mesh
+                    .group_names()
+                    .filter_map(|g| {
+                        let spec = self.mesh.subscription(g)?;
+                        let url = spec.push_url.clone()?;
+                        Some((g.clone(), url, spec.backoff.max_ms))
+                    })
+                    .collect();
+                let _ = reply.send(Ok(targets));
+            }
             Command::Replay {
                 group,
                 records,
