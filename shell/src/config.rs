@@ -76,6 +76,7 @@ pub struct Config {
     pub log: String,
     pub limits: Limits,
     pub server: Server,
+    pub push: Push,
     pub storage: Storage,
     pub state: State,
     pub engine: Engine,
@@ -115,6 +116,9 @@ pub struct Limits {
     pub drain_bytes: u64,
     /// A request body must arrive within this time (408 otherwise).
     pub body_read_timeout_ms: u64,
+    /// Request/reply requests waiting for their replies at once (and timed-out ones
+    /// remembered, to count late replies).
+    pub max_pending_requests: usize,
 }
 
 /// The HTTP servers themselves.
@@ -128,6 +132,46 @@ pub struct Server {
     pub shutdown_grace_ms: u64,
     /// A client must send its request headers within this time.
     pub header_read_timeout_ms: u64,
+    /// Open delivery streams (SSE, WebSocket) per traffic listener, counted apart from
+    /// `max_connections`: an HTTP/1.1 connection that becomes a stream gives its
+    /// connection slot back, so idle streams cannot starve publishers. Over it, 503.
+    pub max_streams: usize,
+    /// Deliveries queued for one stream at once (its credit); `maxInFlightPerClient` still
+    /// bounds what it holds unACKed.
+    pub stream_window: u32,
+    /// A stream with nothing to send sends a heartbeat (an SSE comment, a WebSocket ping)
+    /// this often.
+    pub stream_heartbeat_ms: u64,
+    /// The `retry:` an SSE stream tells its client to wait before reconnecting.
+    pub stream_retry_ms: u64,
+}
+
+/// Webhook push (groups with `push.url`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Push {
+    /// Requests in flight at once per group.
+    pub max_concurrency: u32,
+    /// A push not answered within this is a NACK (the group's backoff applies).
+    pub request_timeout_ms: u64,
+    /// Hosts push URLs may name, comma-separated (`hooks.example.com,10.0.0.7`); empty
+    /// allows any. Set it so that a subscription cannot make the mesh call its own admin
+    /// port, or any other internal service, by accident.
+    pub allowed_hosts: String,
+    /// How often the pushers are matched to the subscriptions (a new or changed `push.url`
+    /// starts pushing within this).
+    pub scan_interval_ms: u64,
+}
+
+impl Default for Push {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 16,
+            request_timeout_ms: 10_000,
+            allowed_hosts: String::new(),
+            scan_interval_ms: 500,
+        }
+    }
 }
 
 /// Storage of the events (the broker).
@@ -248,6 +292,7 @@ impl Default for Config {
             log: "info".to_owned(),
             limits: Limits::default(),
             server: Server::default(),
+            push: Push::default(),
             storage: Storage::default(),
             state: State {
                 backend: StateBackend::Rocksdb,
@@ -275,6 +320,7 @@ impl Default for Limits {
             default_dlq_page: 100,
             drain_bytes: 64 << 20,
             body_read_timeout_ms: 60_000,
+            max_pending_requests: 10_000,
         }
     }
 }
@@ -285,6 +331,10 @@ impl Default for Server {
             max_connections: 10_000,
             shutdown_grace_ms: 10_000,
             header_read_timeout_ms: 30_000,
+            max_streams: 1_000,
+            stream_window: 256,
+            stream_heartbeat_ms: 15_000,
+            stream_retry_ms: 1_000,
         }
     }
 }
@@ -448,7 +498,7 @@ impl Config {
             return bad("log", format!("is not a log filter: {e}"));
         }
         let l = &self.limits;
-        let positive: [(&str, u64); 9] = [
+        let positive: [(&str, u64); 10] = [
             ("limits.max_request_bytes", l.max_request_bytes as u64),
             ("limits.max_event_bytes", l.max_event_bytes as u64),
             ("limits.max_batch_events", l.max_batch_events as u64),
@@ -460,6 +510,7 @@ impl Config {
                 u64::from(l.default_poll_events),
             ),
             ("limits.max_dlq_page", l.max_dlq_page as u64),
+            ("limits.max_pending_requests", l.max_pending_requests as u64),
             ("limits.default_dlq_page", l.default_dlq_page as u64),
         ];
         for (key, v) in positive {
@@ -511,6 +562,21 @@ impl Config {
         }
         if self.server.header_read_timeout_ms == 0 {
             return bad("server.header_read_timeout_ms", "must be at least 1".into());
+        }
+        for (key, v) in [
+            ("push.max_concurrency", u64::from(self.push.max_concurrency)),
+            ("push.request_timeout_ms", self.push.request_timeout_ms),
+            ("push.scan_interval_ms", self.push.scan_interval_ms),
+            ("server.max_streams", self.server.max_streams as u64),
+            ("server.stream_window", u64::from(self.server.stream_window)),
+            (
+                "server.stream_heartbeat_ms",
+                self.server.stream_heartbeat_ms,
+            ),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1".into());
+            }
         }
         let s = &self.storage;
         if s.max_partitions == 0 {

@@ -226,6 +226,10 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
     tracing::info!(addr = %admin, "admin API listening on http://{admin} (metrics at /metrics)");
 
     let app = Arc::new(App::new(engine.clone(), &cfg));
+    let pushers = tokio::spawn(unimesh_shell::http::push::supervise(
+        engine.clone(),
+        cfg.push.clone(),
+    ));
     let mut engine_task = engine_task;
     let mut engine_ended = false;
     let stop = async {
@@ -237,7 +241,7 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
             }
         }
     };
-    let draining = server.run(app, stop).await;
+    let draining = server.run(app.clone(), stop).await;
     tokio::spawn(async {
         let signal = stop_signal().await;
         tracing::warn!("{signal} received again: exiting without waiting");
@@ -254,6 +258,16 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         Ok(()) => tracing::info!("engine flushed its progress"),
         Err(e) => tracing::warn!(error = %e, "engine shutdown"),
     }
+    // The engine ended every delivery stream; give them the grace period to say so to
+    // their clients (a WebSocket's close 1001) before the process exits.
+    let streams = u32::try_from(cfg.server.max_streams).unwrap_or(u32::MAX);
+    let grace = Duration::from_millis(cfg.server.shutdown_grace_ms);
+    if tokio::time::timeout(grace, app.streams.acquire_many(streams))
+        .await
+        .is_err()
+    {
+        tracing::warn!("delivery streams still open after the grace period");
+    }
     match connections.await {
         Ok(0) | Err(_) => {}
         Ok(cut) => tracing::warn!(
@@ -267,6 +281,7 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
             tracing::warn!("the engine task did not stop within the grace period");
         }
     }
+    pushers.abort();
     tracing::info!("stopped");
     if engine_ended {
         return Err("stopped because the engine task ended".into());

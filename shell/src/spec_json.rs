@@ -25,27 +25,45 @@ use unimesh_core::{
     Backoff, Filter, GroupName, Ordering, StartFrom, SubscriptionLimits, SubscriptionSpec,
     TopicName,
 };
+use utoipa::ToSchema;
 
 /// Longest accepted webhook URL, in bytes.
 pub const MAX_PUSH_URL_BYTES: usize = 2_048;
 
+/// What a webhook URL must look like: `http` or `https`, a host name or IPv4 address, an
+/// optional port, path and query, nothing else (no user info, no fragment).
+pub const PUSH_URL_PATTERN: &str = r"^https?://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
+
+/// [`PUSH_URL_PATTERN`] after the host: optional port, path and query.
+pub const PUSH_URL_AFTER_HOST: &str = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
+
 /// Longest accepted filter value (type, source, subject, prefixes, extension values), in bytes.
 pub const MAX_FILTER_VALUE_BYTES: usize = 1_024;
 
-/// A subscription as the HTTP API spells it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A subscription as the HTTP API spells it (the body of `PUT /v1/subscriptions/{group}`).
+/// Only `topic` is required. The bounds in the schema are those of the default
+/// configuration; the served document carries the configured ones.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionDoc {
+    /// The topic; cannot change once the group exists.
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,200}$")]
     pub topic: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<FilterDoc>,
+    /// A delivery not ACKed within this is redelivered (default 30000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 43200000)]
     pub ack_timeout_ms: Option<u64>,
+    /// Deliveries of one event before it is dead-lettered (default 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<BackoffDoc>,
+    /// Deliveries one client may hold unACKed (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10000)]
     pub max_in_flight_per_client: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingDoc>,
@@ -55,53 +73,106 @@ pub struct SubscriptionDoc {
     pub push: Option<PushDoc>,
 }
 
-/// CloudEvents attribute conditions; all present ones must hold.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// CloudEvents attribute conditions; all present ones must hold. Values are at most 1024
+/// characters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FilterDoc {
+    /// The event's `type` equals this.
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub ty: Option<String>,
+    /// The event's `source` equals this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub source: Option<String>,
+    /// The event's `subject` equals this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub subject: Option<String>,
+    /// The event's `subject` starts with this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub subject_prefix: Option<String>,
+    /// The event's `type` starts with this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
     pub type_prefix: Option<String>,
+    /// Extension attributes equal to these values (names: 1 to 64 lower-case ASCII letters
+    /// or digits; at most 16 conditions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = extension_conditions)]
     pub extensions: Option<BTreeMap<String, String>>,
 }
 
-/// Redelivery backoff; absent members take the defaults of [`Backoff::default`].
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// The schema of `filter.extensions`: a map with constrained names and values.
+fn extension_conditions() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            Type::Object,
+            Type::Null,
+        ]))
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[a-z0-9]{1,64}$")),
+        ))
+        .additional_properties(Some(AdditionalProperties::RefOr(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(MAX_FILTER_VALUE_BYTES))
+                .into(),
+        )))
+        .max_properties(Some(unimesh_core::filter::MAX_FILTER_EXTENSIONS))
+        .build()
+}
+
+/// Redelivery backoff; absent members take their defaults (1000, 60000, 2; an absent
+/// `initialMs` is at most the given `maxMs`, an absent `maxMs` at least the given
+/// `initialMs`). A given `initialMs` must not exceed a given `maxMs` (400 otherwise: a
+/// relation JSON Schema cannot state).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackoffDoc {
+    /// The delay before the second attempt (default 1000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 86400000)]
     pub initial_ms: Option<u64>,
+    /// The longest delay (default 60000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 86400000)]
     pub max_ms: Option<u64>,
+    /// Each delay is the previous one times this (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100)]
     pub multiplier: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OrderingDoc {
     None,
     Key,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StartFromDoc {
     Earliest,
     Latest,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Webhook push: every delivery is POSTed to `url` as a binary-mode CloudEvent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PushDoc {
+    /// An `http://` or `https://` URL with a host name or IPv4 address, at most 2048
+    /// characters.
+    #[schema(
+        pattern = r"^https?://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$",
+        max_length = 2048
+    )]
     pub url: String,
 }
 
@@ -139,8 +210,9 @@ impl SubscriptionDoc {
     /// the dotted path of the field at fault. Values are not range-checked here: that is
     /// [`SubscriptionDoc::into_spec`]'s job.
     pub fn from_json(body: &[u8]) -> Result<Self, FieldError> {
-        let value: Value = serde_json::from_slice(body)
+        let mut value: Value = serde_json::from_slice(body)
             .map_err(|e| FieldError::new("", format!("the body is not valid JSON: {e}")))?;
+        crate::http::integral_floats(&mut value);
         let mut top = into_object(value, "")?;
         let filter = match take::<Map<String, Value>>(&mut top, "", "filter")? {
             None => None,
@@ -228,9 +300,18 @@ impl SubscriptionDoc {
         }
         if let Some(b) = self.backoff {
             let d = Backoff::default();
+            // A default never conflicts with what was given: an absent `initialMs` is at
+            // most the given `maxMs`, an absent `maxMs` at least the given `initialMs`.
+            // Only two given values can disagree (refused by `validate`).
+            let (initial_ms, max_ms) = match (b.initial_ms, b.max_ms) {
+                (Some(i), Some(m)) => (i, m),
+                (Some(i), None) => (i, d.max_ms.max(i)),
+                (None, Some(m)) => (d.initial_ms.min(m), m),
+                (None, None) => (d.initial_ms, d.max_ms),
+            };
             spec.backoff = Backoff {
-                initial_ms: b.initial_ms.unwrap_or(d.initial_ms),
-                max_ms: b.max_ms.unwrap_or(d.max_ms),
+                initial_ms,
+                max_ms,
                 multiplier: b.multiplier.unwrap_or(d.multiplier),
             };
         }
@@ -304,9 +385,9 @@ pub fn parse_subscription(
 fn filter_from_doc(doc: FilterDoc) -> Result<Filter, FieldError> {
     let value = |name: &str, v: Option<String>| -> Result<Option<String>, FieldError> {
         match v {
-            Some(s) if s.len() > MAX_FILTER_VALUE_BYTES => Err(FieldError::new(
+            Some(s) if s.chars().count() > MAX_FILTER_VALUE_BYTES => Err(FieldError::new(
                 format!("filter.{name}"),
-                format!("longer than {MAX_FILTER_VALUE_BYTES} bytes"),
+                format!("longer than {MAX_FILTER_VALUE_BYTES} characters"),
             )),
             other => Ok(other),
         }
@@ -326,10 +407,10 @@ fn filter_from_doc(doc: FilterDoc) -> Result<Filter, FieldError> {
                 "an extension name is 1 to 64 lower-case ASCII letters or digits",
             ));
         }
-        if v.len() > MAX_FILTER_VALUE_BYTES {
+        if v.chars().count() > MAX_FILTER_VALUE_BYTES {
             return Err(FieldError::new(
                 format!("filter.extensions.{name}"),
-                format!("longer than {MAX_FILTER_VALUE_BYTES} bytes"),
+                format!("longer than {MAX_FILTER_VALUE_BYTES} characters"),
             ));
         }
         extensions.push((name, v));
@@ -350,18 +431,27 @@ fn check_push_url(url: &str) -> Result<(), FieldError> {
     if url.len() > MAX_PUSH_URL_BYTES {
         return bad("longer than 2048 bytes");
     }
-    let uri: http::Uri = match url.parse() {
-        Ok(u) => u,
-        Err(_) => return bad("is not a valid URL"),
-    };
-    match uri.scheme_str() {
-        Some("http") | Some("https") => {}
-        _ => return bad("must be an http:// or https:// URL"),
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return bad("must be an http:// or https:// URL");
     }
-    if uri.host().is_none_or(str::is_empty) {
-        return bad("must name a host");
+    if !push_url_regex().is_match(url) {
+        return bad(
+            "is not a valid URL: a host name or IPv4 address, an optional port, path and \
+             query; no user info, no fragment",
+        );
     }
-    Ok(())
+    // The pattern admits only what `http::Uri` reads; checked anyway, since the pusher
+    // parses it again.
+    match url.parse::<http::Uri>() {
+        Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => Ok(()),
+        _ => bad("is not a valid URL"),
+    }
+}
+
+fn push_url_regex() -> &'static regex::Regex {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    // A constant pattern, compiled by a unit test on every run: it cannot fail here.
+    RE.get_or_init(|| regex::Regex::new(PUSH_URL_PATTERN).expect("PUSH_URL_PATTERN compiles"))
 }
 
 fn path(parent: &str, name: &str) -> String {
@@ -482,6 +572,23 @@ mod tests {
             spec.push_url.as_deref(),
             Some("https://hooks.example.com/in?x=1")
         );
+    }
+
+    #[test]
+    fn the_push_url_pattern_ends_with_the_after_host_part() {
+        assert!(PUSH_URL_PATTERN.ends_with(PUSH_URL_AFTER_HOST));
+    }
+
+    #[test]
+    fn an_absent_backoff_bound_never_conflicts_with_the_given_one() {
+        let spec = parse(r#"{"topic":"t","backoff":{"maxMs":0}}"#).unwrap();
+        assert_eq!((spec.backoff.initial_ms, spec.backoff.max_ms), (0, 0));
+        let spec = parse(r#"{"topic":"t","backoff":{"initialMs":90000}}"#).unwrap();
+        assert_eq!(
+            (spec.backoff.initial_ms, spec.backoff.max_ms),
+            (90_000, 90_000)
+        );
+        assert!(parse(r#"{"topic":"t","backoff":{"initialMs":10,"maxMs":5}}"#).is_err());
     }
 
     #[test]

@@ -5,13 +5,20 @@
 //! ```text
 //! cargo run --release -p unimesh-tests --example load -- \
 //!     [--events 100000] [--publishers 4] [--consumers 4] [--batch 50] [--poll 200] \
-//!     [--partitions 4]
+//!     [--partitions 4] [--transport poll|sse|ws|webhook] [--size 1024]
 //! ```
 //!
 //! Publishers send batch-mode requests of `--batch` events (1 = one binary-mode event per
-//! request); every publish is answered only once durable. Consumers long-poll up to `--poll`
-//! deliveries and ACK each poll's deliveries in one request. The clock runs from the first
-//! publish until every event is ACKed.
+//! request) of about `--size` bytes of data each; every publish is answered only once
+//! durable. Consumers, by transport:
+//! - `poll`: long-poll up to `--poll` deliveries and ACK each poll's deliveries in one request;
+//! - `sse`: one SSE stream each; deliveries ACKed by HTTP in batches of up to `--poll`;
+//! - `ws`: one WebSocket each; deliveries ACKed by `{"ack":[...]}` frames in batches;
+//! - `webhook`: the group pushes to a receiver here (`--consumers` is ignored; the mesh's
+//!   `push.max_concurrency` applies), which answers 200 (= ACK).
+//!
+//! The clock runs from the first publish until every event is ACKed (for `webhook`: until
+//! the group's counters say every event is ACKed).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +35,8 @@ struct Args {
     batch: u64,
     poll: u64,
     partitions: u64,
+    size: u64,
+    transport: String,
 }
 
 fn args() -> Result<Args, String> {
@@ -38,14 +47,22 @@ fn args() -> Result<Args, String> {
         batch: 50,
         poll: 200,
         partitions: 4,
+        size: 1024,
+        transport: "poll".to_owned(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value"))?
-            .parse::<u64>()
-            .map_err(|e| format!("{flag}: {e}"))?;
+        let text = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        if flag == "--transport" {
+            if !["poll", "sse", "ws", "webhook"].contains(&text.as_str()) {
+                return Err(format!(
+                    "--transport is poll, sse, ws or webhook, not {text}"
+                ));
+            }
+            a.transport = text;
+            continue;
+        }
+        let value = text.parse::<u64>().map_err(|e| format!("{flag}: {e}"))?;
         if value == 0 {
             return Err(format!("{flag} must be at least 1"));
         }
@@ -56,6 +73,7 @@ fn args() -> Result<Args, String> {
             "--batch" => a.batch = value.min(1000),
             "--poll" => a.poll = value.min(1000),
             "--partitions" => a.partitions = value,
+            "--size" => a.size = value,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -78,20 +96,25 @@ fn main() {
         a.partitions
     ));
     let s = Server::start(opts);
-    s.subscribe(
-        "load",
-        &json!({ "topic": "load", "ackTimeoutMs": 60000, "maxInFlightPerClient": 10000 }),
-    );
+    let hook = (a.transport == "webhook").then(unimesh_tests::hook::Hook::ok);
+    let mut doc = json!({ "topic": "load", "ackTimeoutMs": 60000, "maxInFlightPerClient": 10000 });
+    if let Some(h) = &hook {
+        doc["push"] = json!({ "url": h.url("/load") });
+    }
+    s.subscribe("load", &doc);
     println!(
-        "load: {} events, {} publishers (batches of {}), {} consumers (polls of up to {}), {} partitions, {}",
+        "load: {} events of {} bytes, {} publishers (batches of {}), {} consumers by {} (batches of up to {}), {} partitions, {}",
         a.events,
+        a.size,
         a.publishers,
         a.batch,
         a.consumers,
+        a.transport,
         a.poll,
         a.partitions,
         if unimesh_tests::built_as_release() { "release" } else { "debug" }
     );
+    let pad = "x".repeat(a.size.saturating_sub(16) as usize);
 
     let next = Arc::new(AtomicU64::new(0));
     let acked = Arc::new(AtomicU64::new(0));
@@ -101,7 +124,7 @@ fn main() {
     let mut publishers = Vec::new();
     for _ in 0..a.publishers {
         let (agent, url, next) = (s.agent(), publish_url.clone(), next.clone());
-        let (events, batch) = (a.events, a.batch);
+        let (events, batch, pad) = (a.events, a.batch, pad.clone());
         publishers.push(std::thread::spawn(move || loop {
             let first = next.fetch_add(batch, Ordering::Relaxed);
             if first >= events {
@@ -117,12 +140,12 @@ fn main() {
                     &agent,
                     &url,
                     &attrs,
-                    format!("{{\"n\":{first}}}").as_bytes(),
+                    format!("{{\"n\":{first},\"p\":\"{pad}\"}}").as_bytes(),
                 )
                 .send()
             } else {
                 let batch: Vec<Value> = (first..last)
-                    .map(|i| event(&format!("l{i}"), "load", json!({ "n": i })))
+                    .map(|i| event(&format!("l{i}"), "load", json!({ "n": i, "p": pad })))
                     .collect();
                 Call::new(&agent, "POST", url.as_str())
                     .header("content-type", "application/cloudevents-batch+json")
@@ -135,31 +158,46 @@ fn main() {
         }));
     }
     let mut consumers = Vec::new();
-    for c in 0..a.consumers {
-        let agent = s.agent();
-        let poll_url = s.http_url(&format!(
-            "/v1/subscriptions/load/events?client=c{c}&max={}&waitMs=500",
-            a.poll
-        ));
-        let ack_url = s.http_url("/v1/subscriptions/load/ack");
+    let consumers_n = if hook.is_some() { 0 } else { a.consumers };
+    for c in 0..consumers_n {
         let (acked, redelivered, events) = (acked.clone(), redelivered.clone(), a.events);
+        let (agent, poll) = (s.agent(), a.poll);
+        let ack_url = s.http_url("/v1/subscriptions/load/ack");
+        let addr = s.http_addr();
+        let poll_url = s.http_url(&format!(
+            "/v1/subscriptions/load/events?client=c{c}&max={poll}&waitMs=500"
+        ));
+        let transport = a.transport.clone();
+        consumers.push(std::thread::spawn(move || match transport.as_str() {
+            "sse" => sse_consumer(
+                addr,
+                c,
+                &agent,
+                &ack_url,
+                poll,
+                &acked,
+                &redelivered,
+                events,
+            ),
+            "ws" => ws_consumer(addr, c, poll, &acked, &redelivered, events),
+            _ => poll_consumer(&agent, &poll_url, &ack_url, &acked, &redelivered, events),
+        }));
+    }
+    if hook.is_some() {
+        let (agent, url, acked, events) = (
+            s.agent(),
+            s.http_url("/v1/subscriptions/load"),
+            acked.clone(),
+            a.events,
+        );
         consumers.push(std::thread::spawn(move || {
             while acked.load(Ordering::Relaxed) < events {
-                let r = Call::new(&agent, "GET", poll_url.as_str()).send();
-                r.expect(200);
-                let d = parse_deliveries(&r);
-                if d.is_empty() {
-                    continue;
-                }
-                let again = d.iter().filter(|x| x.attempt > 1).count() as u64;
-                redelivered.fetch_add(again, Ordering::Relaxed);
-                let ids: Vec<&str> = d.iter().map(|x| x.id.as_str()).collect();
-                let answer = Call::new(&agent, "POST", ack_url.as_str())
-                    .json(&json!({ "deliveryIds": ids }))
-                    .send()
-                    .ok_json(200);
-                let n = answer["acked"].as_u64().unwrap_or(0);
-                acked.fetch_add(n, Ordering::Relaxed);
+                let info = Call::new(&agent, "GET", url.as_str()).send().ok_json(200);
+                acked.store(
+                    info["stats"]["acked"].as_u64().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+                std::thread::sleep(Duration::from_millis(20));
             }
         }));
     }
@@ -216,4 +254,135 @@ fn main() {
             );
         }
     }
+}
+
+type Counter = Arc<AtomicU64>;
+
+fn poll_consumer(
+    agent: &ureq::Agent,
+    poll_url: &str,
+    ack_url: &str,
+    acked: &Counter,
+    redelivered: &Counter,
+    events: u64,
+) {
+    while acked.load(Ordering::Relaxed) < events {
+        let r = Call::new(agent, "GET", poll_url).send();
+        r.expect(200);
+        let d = parse_deliveries(&r);
+        if d.is_empty() {
+            continue;
+        }
+        let again = d.iter().filter(|x| x.attempt > 1).count() as u64;
+        redelivered.fetch_add(again, Ordering::Relaxed);
+        let ids: Vec<&str> = d.iter().map(|x| x.id.as_str()).collect();
+        ack_ids(agent, ack_url, &ids, acked);
+    }
+}
+
+fn ack_ids(agent: &ureq::Agent, ack_url: &str, ids: &[&str], acked: &Counter) {
+    let answer = Call::new(agent, "POST", ack_url)
+        .json(&json!({ "deliveryIds": ids }))
+        .send()
+        .ok_json(200);
+    acked.fetch_add(answer["acked"].as_u64().unwrap_or(0), Ordering::Relaxed);
+}
+
+/// One SSE stream; ACKs by HTTP, a batch at a time (whatever arrived, up to `batch`).
+#[allow(clippy::too_many_arguments)]
+fn sse_consumer(
+    addr: std::net::SocketAddr,
+    c: u64,
+    agent: &ureq::Agent,
+    ack_url: &str,
+    batch: u64,
+    acked: &Counter,
+    redelivered: &Counter,
+    events: u64,
+) {
+    let path = format!("/v1/subscriptions/load/stream?client=s{c}");
+    let mut stream = unimesh_tests::sse::SseStream::open(addr, &path, None);
+    assert_eq!(stream.status, 200, "{}", stream.body);
+    let mut ids: Vec<String> = Vec::new();
+    while acked.load(Ordering::Relaxed) < events {
+        let Some(e) = stream.next_event() else { return };
+        let d: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
+        if d["attempt"].as_u64().is_some_and(|a| a > 1) {
+            redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+        ids.push(e.id.unwrap_or_default());
+        // The stream's window is 256: ACK before it could fill, or at the batch size.
+        if ids.len() as u64 >= batch.min(128)
+            || acked.load(Ordering::Relaxed) + ids.len() as u64 >= events
+        {
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            ack_ids(agent, ack_url, &refs, acked);
+            ids.clear();
+        }
+    }
+}
+
+/// One WebSocket; ACKs by frames, a batch at a time.
+fn ws_consumer(
+    addr: std::net::SocketAddr,
+    c: u64,
+    batch: u64,
+    acked: &Counter,
+    redelivered: &Counter,
+    events: u64,
+) {
+    use tungstenite::Message;
+    let url = format!("ws://{addr}/v1/subscriptions/load/ws?client=w{c}");
+    let (mut ws, _) = tungstenite::connect(url).expect("WebSocket");
+    if let tungstenite::stream::MaybeTlsStream::Plain(tcp) = ws.get_mut() {
+        let _ = tcp.set_read_timeout(Some(Duration::from_millis(20)));
+    }
+    let mut ids: Vec<Value> = Vec::new();
+    let mut pending = 0u64;
+    while acked.load(Ordering::Relaxed) < events {
+        let msg = match ws.read() {
+            Ok(m) => Some(m),
+            Err(tungstenite::Error::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(_) => return,
+        };
+        let Some(msg) = msg else {
+            // Idle: ACK what arrived.
+            if !ids.is_empty() {
+                let frame = json!({ "ack": std::mem::take(&mut ids) }).to_string();
+                if ws.send(Message::Text(frame.into())).is_err() {
+                    return;
+                }
+                pending += 1;
+            }
+            continue;
+        };
+        let Message::Text(t) = msg else { continue };
+        let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+        if v.get("result").is_some() {
+            acked.fetch_add(v["acked"].as_u64().unwrap_or(0), Ordering::Relaxed);
+            pending = pending.saturating_sub(1);
+            continue;
+        }
+        if v["attempt"].as_u64().is_some_and(|a| a > 1) {
+            redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+        ids.push(v["deliveryId"].clone());
+        if ids.len() as u64 >= batch.min(128)
+            || acked.load(Ordering::Relaxed) + ids.len() as u64 >= events
+        {
+            let frame = json!({ "ack": std::mem::take(&mut ids) }).to_string();
+            if ws.send(Message::Text(frame.into())).is_err() {
+                return;
+            }
+            pending += 1;
+        }
+    }
+    let _ = pending;
 }

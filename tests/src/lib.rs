@@ -24,6 +24,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod hook;
+pub mod sse;
+
 pub use serde_json::{json, Value};
 
 /// How long a server may take to answer `/admin/ready` after it was started. Generous: a

@@ -18,30 +18,53 @@ fn health_ready_and_the_openapi_document() {
     let r = s.admin_get("/admin/ready").ok_json(200);
     assert_eq!(r, json!({ "status": "ready" }));
 
-    let path = unimesh_tests::package_dir().join("../shell/openapi.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let in_repo: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
-    for served in [s.get("/openapi.json"), s.admin_get("/openapi.json")] {
+    // Each listener serves its own document, the one in the repository (the traffic API
+    // and the admin API are apart: a traffic client never sees an admin route).
+    for (served, file, title) in [
+        (
+            s.get("/openapi.json"),
+            "openapi-traffic.json",
+            "unimesh traffic API",
+        ),
+        (
+            s.admin_get("/openapi.json"),
+            "openapi-admin.json",
+            "unimesh admin API",
+        ),
+    ] {
+        let path = unimesh_tests::package_dir().join("../shell").join(file);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let in_repo: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
         assert_eq!(
             served.ok_json(200),
             in_repo,
             "{}: the served document is the one in the repository",
             served.what
         );
+        assert!(
+            in_repo["openapi"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("3.")),
+            "OpenAPI 3"
+        );
+        assert_eq!(in_repo["info"]["title"], title);
+        let paths = in_repo["paths"].as_object().expect("paths");
+        assert!(
+            paths.len() >= 8,
+            "the document describes the routes: {paths:?}"
+        );
+        let admin_paths = paths.keys().filter(|p| p.starts_with("/admin")).count();
+        if file == "openapi-traffic.json" {
+            assert_eq!(admin_paths, 0, "no admin route in the traffic document");
+        } else {
+            assert!(
+                paths.keys().all(|p| !p.starts_with("/v1/")),
+                "no traffic route"
+            );
+        }
     }
-    assert!(
-        in_repo["openapi"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("3.")),
-        "OpenAPI 3"
-    );
-    let paths = in_repo["paths"].as_object().map(|p| p.len()).unwrap_or(0);
-    assert!(
-        paths >= 15,
-        "the document describes the routes: {paths} paths"
-    );
 }
 
 /// Sum of every sample of `name` whose labels contain `label`.

@@ -9,6 +9,7 @@ use unimesh_core::{
 };
 
 use super::api::{ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, SubscriptionInfo};
+use super::stream::Stream;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
@@ -53,6 +54,13 @@ pub(crate) enum Command {
         topic: TopicName,
         reply: Reply<Vec<OffsetRow>>,
     },
+    /// A stream session (SSE, WebSocket): up to `window` deliveries queued at once.
+    OpenStream {
+        group: GroupName,
+        client: ClientId,
+        window: u32,
+        reply: Reply<Stream>,
+    },
     Replay {
         group: GroupName,
         records: Vec<(Partition, Record)>,
@@ -66,6 +74,10 @@ pub(crate) enum Command {
     },
     Metrics {
         reply: Reply<MetricsSnapshot>,
+    },
+    /// The groups with `push.url`: (group, url, backoff maximum).
+    PushTargets {
+        reply: Reply<Vec<(GroupName, String, u64)>>,
     },
     Shutdown {
         reply: Reply<()>,

@@ -21,6 +21,7 @@ use super::api::{
 use super::command::{Command, Reply};
 use super::ports::{AppendError, LogPort, StatePort};
 use super::records::decode_record;
+use super::stream::Stream;
 use crate::log::AppendItem;
 
 /// The handle the HTTP front uses. Cheap to clone.
@@ -159,6 +160,25 @@ impl EngineHandle {
         .await
     }
 
+    /// Opens a stream session for one client of a group: deliveries arrive in the stream's
+    /// queue, up to `window` at a time, until the stream is dropped. A session the client
+    /// had (stream or long-poll) ends, and what it held comes again on this one.
+    pub async fn open_stream(
+        &self,
+        group: &GroupName,
+        client: &ClientId,
+        window: u32,
+    ) -> Result<Stream, EngineError> {
+        let (group, client) = (group.clone(), client.clone());
+        self.ask(|reply| Command::OpenStream {
+            group,
+            client,
+            window,
+            reply,
+        })
+        .await
+    }
+
     pub async fn settle(
         &self,
         group: &GroupName,
@@ -280,6 +300,12 @@ impl EngineHandle {
         limiter
             .set_rule(now, topic.clone(), rule)
             .map_err(|e| EngineError::BadRequest(e.to_string()))
+    }
+
+    /// The groups that push to a webhook: (group, URL, the group's backoff maximum). Cheap
+    /// (definitions only, no progress views), so pushers can be matched often.
+    pub async fn push_targets(&self) -> Result<Vec<(GroupName, String, u64)>, EngineError> {
+        self.ask(|reply| Command::PushTargets { reply }).await
     }
 
     pub async fn metrics_snapshot(&self) -> Result<MetricsSnapshot, EngineError> {

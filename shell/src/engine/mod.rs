@@ -18,6 +18,7 @@ mod persist;
 pub mod ports;
 mod records;
 mod tap;
+mod stream;
 mod task;
 
 #[cfg(test)]
@@ -40,6 +41,7 @@ pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
 };
+pub use stream::{PushOutcome, Stream};
 
 pub use tap::EngineTap;
 
@@ -135,6 +137,10 @@ pub fn start_observed(
     let (commands_tx, commands_rx) = mpsc::channel(config.command_capacity.max(1));
     let (events_tx, events_rx) = mpsc::channel(config.command_capacity.max(1));
     let (persist_tx, persist_rx) = mpsc::channel(64);
+    // Unbounded, but each notice answers deliveries the engine handed out (at most one
+    // `Written` per batch taken, one `Failed` or `Settled` per delivery, one `Closed` per
+    // session), which credit and `maxInFlightPerClient` bound.
+    let (notices_tx, notices_rx) = mpsc::unbounded_channel();
 
     let mut task = EngineTask::new(
         mesh,
@@ -143,6 +149,7 @@ pub fn start_observed(
         commands_rx,
         persist_tx,
         (events_tx.clone(), events_rx),
+        (notices_tx, notices_rx),
         config.fetch_wait_ms,
         config.fetch_max_bytes,
     );

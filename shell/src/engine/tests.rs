@@ -371,3 +371,196 @@ async fn a_seek_outside_the_log_is_refused_and_changes_nothing() {
     );
     rig.handle.seek(&g("g"), p, 1).await.unwrap();
 }
+
+// ----- stream sessions (SSE, WebSocket, webhook share them) -----
+
+/// A group whose ACK timeout is far beyond any test's patience: a delivery that comes
+/// again within a test came again because of a session rule, not the timeout.
+fn patient(group: &str, topic: &str) -> SubscriptionSpec {
+    let mut s = spec(group, topic);
+    s.ack_timeout_ms = 3_600_000;
+    s.backoff = Backoff {
+        initial_ms: 0,
+        max_ms: 0,
+        multiplier: 1.0,
+    };
+    s
+}
+
+/// The next `n` deliveries of a stream (bounded wait), reported written.
+async fn next_n(stream: &Stream, n: usize) -> Vec<unimesh_core::Delivery> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let more = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            stream.next(n - got.len()),
+        )
+        .await
+        .expect("deliveries within 10 s")
+        .expect("the session is open");
+        stream.written(more.len());
+        got.extend(more);
+    }
+    got
+}
+
+/// What one client holds in flight, per the engine.
+async fn held(rig: &Rig, group: &str, client: &str) -> u32 {
+    let clients = rig.handle.clients().await.unwrap();
+    clients
+        .iter()
+        .find(|c| c.group.as_str() == group && c.id.as_str() == client)
+        .map_or(0, |c| c.in_flight)
+}
+
+/// Waits (bounded) until `f` holds.
+async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    for _ in 0..400 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+/// Goal: a write that fails hands the delivery back at once. Method: the transport reports
+/// the one delivery it took as failed; it comes again (attempt 2) on the same stream,
+/// with an ACK timeout of an hour.
+#[tokio::test]
+async fn a_failed_write_hands_the_delivery_back_at_once() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(patient("g", "t")).await.unwrap();
+    let s = rig.handle.open_stream(&g("g"), &c("c"), 8).await.unwrap();
+    rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), s.next(8))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.len(), first[0].attempt), (1, 1));
+    s.failed(vec![first[0].id]);
+    let again = next_n(&s, 1).await;
+    assert_eq!(again[0].attempt, 2, "redelivered at once");
+    assert_eq!(again[0].record.offset, first[0].record.offset);
+    let stats = rig.handle.subscription(&g("g")).await.unwrap().stats;
+    assert_eq!((stats.nacked, stats.redelivered), (1, 1));
+}
+
+/// Goal: a stream that closes hands back at once what was queued and not written, and
+/// keeps what was written in flight. Method: three deliveries queued, one taken and
+/// written, the stream dropped; another client gets the two others (attempt 2) at once,
+/// while the written one stays with the first client until ACKed.
+#[tokio::test]
+async fn a_closed_stream_hands_back_what_it_had_not_written() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(patient("g", "t")).await.unwrap();
+    let s = rig
+        .handle
+        .open_stream(&g("g"), &c("gone"), 8)
+        .await
+        .unwrap();
+    rig.handle.publish(&t("t"), events(3, None)).await.unwrap();
+    until("three deliveries queued", async || {
+        held(&rig, "g", "gone").await == 3
+    })
+    .await;
+    let written = next_n(&s, 1).await;
+    drop(s);
+    let other = take(&rig, "g", "other", 2).await;
+    assert_eq!(other.len(), 2, "the two unwritten ones came back at once");
+    assert!(other.iter().all(|d| d.attempt == 2), "{other:?}");
+    assert!(other.iter().all(
+        |d| d.record.offset != written[0].record.offset || d.partition != written[0].partition
+    ));
+    assert_eq!(
+        held(&rig, "g", "gone").await,
+        1,
+        "the written one stays in flight"
+    );
+    let settled = rig
+        .handle
+        .settle(&g("g"), Settling::Ack, vec![written[0].id])
+        .await
+        .unwrap();
+    assert_eq!(settled, vec![Settle::Accepted], "and can still be ACKed");
+}
+
+/// Goal: a client that reconnects after a drop gets everything it had not ACKed again at
+/// once, as redeliveries. Method: two deliveries written to a stream and not ACKed, the
+/// stream dropped (they stay in flight), the same client opens a stream again.
+#[tokio::test]
+async fn a_reconnect_gets_everything_not_acked_again_at_once() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(patient("g", "t")).await.unwrap();
+    let s = rig.handle.open_stream(&g("g"), &c("c"), 8).await.unwrap();
+    rig.handle.publish(&t("t"), events(2, None)).await.unwrap();
+    let before = next_n(&s, 2).await;
+    drop(s);
+    until("the session ended", async || {
+        rig.handle
+            .clients()
+            .await
+            .unwrap()
+            .iter()
+            .any(|c| c.id.as_str() == "c" && c.credit == 0)
+    })
+    .await;
+    assert_eq!(held(&rig, "g", "c").await, 2, "written: still in flight");
+    let s = rig.handle.open_stream(&g("g"), &c("c"), 8).await.unwrap();
+    let again = next_n(&s, 2).await;
+    let key = |d: &unimesh_core::Delivery| (d.partition, d.record.offset);
+    let mut a: Vec<_> = before.iter().map(key).collect();
+    let mut b: Vec<_> = again.iter().map(key).collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "the same records");
+    assert!(again.iter().all(|d| d.attempt == 2));
+    let stats = rig.handle.subscription(&g("g")).await.unwrap().stats;
+    assert_eq!(stats.redelivered, 2);
+}
+
+/// Goal: a session's credit is its window, refilled as the transport writes, and the
+/// group's `maxInFlightPerClient` bounds what it holds. Method: five events, window 2:
+/// two queued until two are written; with `maxInFlightPerClient` 3 the third write
+/// brings no fourth.
+#[tokio::test]
+async fn a_stream_gets_its_window_and_no_more_than_max_in_flight() {
+    let rig = fresh();
+    ready(&rig).await;
+    let mut sp = patient("g", "t");
+    sp.max_in_flight_per_client = 3;
+    rig.handle.subscribe(sp).await.unwrap();
+    let s = rig.handle.open_stream(&g("g"), &c("c"), 2).await.unwrap();
+    rig.handle.publish(&t("t"), events(5, None)).await.unwrap();
+    until("the window is full", async || {
+        held(&rig, "g", "c").await == 2
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(held(&rig, "g", "c").await, 2, "no more than the window");
+    next_n(&s, 2).await;
+    until("the window refilled", async || {
+        held(&rig, "g", "c").await == 3
+    })
+    .await;
+    next_n(&s, 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(held(&rig, "g", "c").await, 3, "maxInFlightPerClient holds");
+}
+
+/// Goal: the engine ends the sessions of a deleted group, and its transport sees the end.
+#[tokio::test]
+async fn deleting_the_group_ends_its_streams() {
+    let rig = fresh();
+    ready(&rig).await;
+    rig.handle.subscribe(patient("g", "t")).await.unwrap();
+    let s = rig.handle.open_stream(&g("g"), &c("c"), 2).await.unwrap();
+    rig.handle.unsubscribe(&g("g")).await.unwrap();
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), s.next(1)).await;
+    assert!(matches!(end, Ok(None)), "the stream ended");
+    let r = rig.handle.open_stream(&g("g"), &c("c"), 2).await;
+    assert!(matches!(r, Err(EngineError::UnknownGroup(_))));
+}

@@ -68,7 +68,12 @@ impl AttrValue {
             Value::Null => return None,
             Value::String(s) => AttrValue::Str(s),
             Value::Bool(b) => AttrValue::Bool(b),
-            Value::Number(n) => match n.as_i64() {
+            // `5.0` is the integer 5 (as in JSON Schema); a fraction is not an integer.
+            Value::Number(n) => match n.as_i64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                    .map(|f| f as i64)
+            }) {
                 Some(i) => AttrValue::Int(i),
                 None => AttrValue::Other("a non-integer or out-of-range number"),
             },

@@ -1,264 +1,502 @@
 //! Admin routes: metrics, health and readiness, and the operator's view and levers
 //! (subscriptions, clients, offsets, DLQ, rate limits, seek).
 
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use base64::Engine as _;
-use bytes::Bytes;
-use http::request::Parts;
-use http::{Response, StatusCode};
-use hyper::body::Body;
+use http::header::CONTENT_TYPE;
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use unimesh_core::{ClientId, GroupName, RateRule, TopicName};
+use utoipa::{IntoParams, ToSchema};
 
-use super::body::{parse_json, read_json_body};
-use super::error::{code, ApiError};
+use super::error::{code, ApiError, ErrorBody};
+use super::extract::{JsonBody, Name, NoParams, Params, QueryParams};
 use super::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
-use super::query::Query;
-use super::router::{Matched, RouteId};
-use super::traffic::{no_query, SubscriptionView};
-use super::{json, with_type, App, ResBody, OPENAPI_JSON};
+use super::schema::DeliveredEvent;
+use super::traffic::SubscriptionView;
+use super::App;
 use crate::engine::{DlqItem, OffsetRow};
 use crate::event::delivery_event_json;
 
-pub(super) async fn dispatch<B>(
-    app: &App,
-    m: Matched,
-    parts: &Parts,
-    body: B,
-) -> Result<Response<ResBody>, ApiError>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
-{
-    match m.route.id {
-        RouteId::Metrics => {
-            no_query(parts)?;
-            let snapshot = match app.engine.metrics_snapshot().await {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::debug!(error = %e, "metrics without the engine's numbers");
-                    None
-                }
-            };
-            let text = app.metrics.render(snapshot);
-            Ok(with_type(StatusCode::OK, METRICS_CONTENT_TYPE, text))
+/// Prometheus metrics (OpenMetrics text).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operate",
+    operation_id = "metrics",
+    responses(
+        (status = 200, description = "Every `unimesh_*` metric family.", body = String,
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn metrics(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    let snapshot = match app.engine.metrics_snapshot().await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::debug!(error = %e, "metrics without the engine's numbers");
+            None
         }
-        RouteId::Health => {
-            no_query(parts)?;
-            match app.engine.health() {
-                Ok(()) => json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
-                Err(why) => Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    code::UNAVAILABLE,
-                    format!("unhealthy: {why}"),
-                )),
-            }
-        }
-        RouteId::Ready => {
-            no_query(parts)?;
-            if app.engine.is_ready() {
-                json(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
-            } else {
-                Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    code::UNAVAILABLE,
-                    "not ready: the engine is still recovering, or is shutting down",
-                ))
-            }
-        }
-        RouteId::AdminSubscriptions => {
-            no_query(parts)?;
-            let infos = app.engine.subscriptions().await?;
-            let views: Vec<SubscriptionView> = infos.iter().map(SubscriptionView::new).collect();
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "subscriptions": views }),
-            )
-        }
-        RouteId::AdminClients => {
-            no_query(parts)?;
-            let clients = app.engine.clients().await?;
-            let views: Vec<ClientView> = clients
-                .iter()
-                .map(|c| ClientView {
-                    group: c.group.as_str(),
-                    client: c.id.as_str(),
-                    credit: c.credit,
-                    in_flight: c.in_flight,
-                    last_active_ms: c.last_active_ms,
-                })
-                .collect();
-            json(StatusCode::OK, &serde_json::json!({ "clients": views }))
-        }
-        RouteId::EvictClient => {
-            let client = ClientId::new(m.param())?;
-            no_query(parts)?;
-            let groups = app.engine.evict(&client).await?;
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "client": client.as_str(), "groups": groups }),
-            )
-        }
-        RouteId::Offsets => {
-            let q = Query::parse(parts.uri.query(), &["topic"])?;
-            let topic = TopicName::new(q.required("topic")?)?;
-            let rows = app.engine.offsets(&topic).await?;
-            let views: Vec<OffsetView> = rows.iter().map(OffsetView::new).collect();
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "topic": topic.as_str(), "offsets": views }),
-            )
-        }
-        RouteId::DlqBrowse => {
-            let group = GroupName::new(m.param())?;
-            let max = dlq_max(app, parts)?;
-            let items = app.engine.dlq(&group, max).await?;
-            let entries: Vec<DlqView> = items.iter().map(DlqView::new).collect();
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "group": group.as_str(), "entries": entries }),
-            )
-        }
-        RouteId::DlqReplay => {
-            let group = GroupName::new(m.param())?;
-            let max = dlq_max(app, parts)?;
-            let replayed = app.engine.dlq_replay(&group, max).await?;
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "group": group.as_str(), "replayed": replayed }),
-            )
-        }
-        RouteId::RateLimit => {
-            no_query(parts)?;
-            let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
-            let b: RateLimitBody = parse_json(&bytes)?;
-            let topic = TopicName::new(&b.topic)?;
-            let rule = RateRule {
-                events_per_second: b.events_per_second,
-                burst: b.burst,
-            };
-            app.engine.set_rate_limit(&topic, rule).await?;
-            json(
-                StatusCode::OK,
-                &serde_json::json!({
-                    "topic": topic.as_str(),
-                    "eventsPerSecond": rule.events_per_second,
-                    "burst": rule.burst,
-                }),
-            )
-        }
-        RouteId::Seek => {
-            let group = GroupName::new(m.param())?;
-            no_query(parts)?;
-            let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
-            let b: SeekBody = parse_json(&bytes)?;
-            app.engine.seek(&group, b.partition, b.offset).await?;
-            json(
-                StatusCode::OK,
-                &serde_json::json!({
-                    "group": group.as_str(),
-                    "partition": b.partition,
-                    "offset": b.offset,
-                }),
-            )
-        }
-        RouteId::OpenApi => openapi(parts),
-        other => Err(ApiError::internal(format!(
-            "route {other:?} is in the table but has no admin handler"
-        ))),
+    };
+    let text = app.metrics.render(snapshot);
+    ([(CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct StatusAnswer {
+    /// `ok` (health) or `ready` (readiness).
+    #[schema(pattern = "^(ok|ready)$")]
+    status: &'static str,
+}
+
+/// Liveness: 503 naming the reason when the process needs a restart.
+#[utoipa::path(
+    get,
+    path = "/admin/health",
+    tag = "operate",
+    operation_id = "health",
+    responses(
+        (status = 200, description = "Healthy.", body = StatusAnswer),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+        (status = 503, description = "Unhealthy: the engine stopped or the log refuses writes.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn health(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+) -> Result<Json<StatusAnswer>, ApiError> {
+    match app.engine.health() {
+        Ok(()) => Ok(Json(StatusAnswer { status: "ok" })),
+        Err(why) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::UNAVAILABLE,
+            format!("unhealthy: {why}"),
+        )),
     }
 }
 
-pub(super) fn openapi(parts: &Parts) -> Result<Response<ResBody>, ApiError> {
-    no_query(parts)?;
-    Ok(with_type(StatusCode::OK, "application/json", OPENAPI_JSON))
+/// Readiness: 200 once recovery is done.
+#[utoipa::path(
+    get,
+    path = "/admin/ready",
+    tag = "operate",
+    operation_id = "ready",
+    responses(
+        (status = 200, description = "Ready.", body = StatusAnswer),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+        (status = 503, description = "Still recovering, or shutting down.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn ready(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+) -> Result<Json<StatusAnswer>, ApiError> {
+    if app.engine.is_ready() {
+        Ok(Json(StatusAnswer { status: "ready" }))
+    } else {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::UNAVAILABLE,
+            "not ready: the engine is still recovering, or is shutting down",
+        ))
+    }
 }
 
-fn dlq_max(app: &App, parts: &Parts) -> Result<usize, ApiError> {
-    let l = &app.limits;
-    let q = Query::parse(parts.uri.query(), &["max"])?;
-    let max = q.bounded("max", l.default_dlq_page as u64, 1, l.max_dlq_page as u64)?;
-    Ok(usize::try_from(max).unwrap_or(l.max_dlq_page))
+#[derive(Serialize, ToSchema)]
+pub(super) struct SubscriptionsAnswer {
+    subscriptions: Vec<SubscriptionView>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RateLimitBody {
-    topic: String,
-    events_per_second: u64,
-    burst: u64,
+/// Every subscription group with its progress.
+#[utoipa::path(
+    get,
+    path = "/admin/subscriptions",
+    tag = "operate",
+    operation_id = "subscriptions",
+    responses(
+        (status = 200, description = "Every group.", body = SubscriptionsAnswer),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn subscriptions(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+) -> Result<Json<SubscriptionsAnswer>, ApiError> {
+    let infos = app.engine.subscriptions().await?;
+    Ok(Json(SubscriptionsAnswer {
+        subscriptions: infos.iter().map(SubscriptionView::new).collect(),
+    }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct SeekBody {
-    partition: u32,
-    offset: u64,
-}
-
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct ClientView<'a> {
-    group: &'a str,
-    client: &'a str,
+struct ClientView {
+    group: String,
+    client: String,
+    /// Deliveries it asked for and has not received yet.
     credit: u32,
     in_flight: u32,
     last_active_ms: u64,
 }
 
-/// One (group, partition) with its four offsets.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct OffsetView<'a> {
-    group: &'a str,
-    topic: &'a str,
+#[derive(Serialize, ToSchema)]
+pub(super) struct ClientsAnswer {
+    clients: Vec<ClientView>,
+}
+
+/// Every client of every group.
+#[utoipa::path(
+    get,
+    path = "/admin/clients",
+    tag = "operate",
+    operation_id = "clients",
+    responses(
+        (status = 200, description = "Every client.", body = ClientsAnswer),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn clients(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+) -> Result<Json<ClientsAnswer>, ApiError> {
+    let clients = app.engine.clients().await?;
+    Ok(Json(ClientsAnswer {
+        clients: clients
+            .into_iter()
+            .map(|c| ClientView {
+                group: c.group.as_str().to_owned(),
+                client: c.id.as_str().to_owned(),
+                credit: c.credit,
+                in_flight: c.in_flight,
+                last_active_ms: c.last_active_ms,
+            })
+            .collect(),
+    }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct EvictAnswer {
+    client: String,
+    /// Groups the client was removed from.
+    groups: usize,
+}
+
+/// Disconnect a client from every group: what it holds is redelivered at once.
+#[utoipa::path(
+    post,
+    path = "/admin/clients/{client}/evict",
+    tag = "operate",
+    operation_id = "evictClient",
+    params(("client" = String, Path, description = "The client.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    responses(
+        (status = 200, description = "Evicted (from no group if it was in none).", body = EvictAnswer),
+        (status = 400, description = "An invalid name or query.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn evict_client(
+    State(app): State<Arc<App>>,
+    Name(client): Name<ClientId>,
+    _: Params<NoParams>,
+) -> Result<Json<EvictAnswer>, ApiError> {
+    let groups = app.engine.evict(&client).await?;
+    Ok(Json(EvictAnswer {
+        client: client.as_str().to_owned(),
+        groups,
+    }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Documents the parameter; the handler reads it.
+pub(super) struct OffsetsQuery {
+    /// The topic.
+    #[param(pattern = r"^[A-Za-z0-9._-]{1,200}$")]
+    topic: String,
+}
+
+impl QueryParams for OffsetsQuery {
+    const NAMES: &'static [&'static str] = &["topic"];
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct OffsetsAnswer {
+    topic: String,
+    offsets: Vec<OffsetView>,
+}
+
+/// The four offsets of every group and partition of a topic.
+#[utoipa::path(
+    get,
+    path = "/admin/offsets",
+    tag = "operate",
+    operation_id = "offsets",
+    params(OffsetsQuery),
+    responses(
+        (status = 200, description = "One row per group and partition.", body = OffsetsAnswer),
+        (status = 400, description = "A missing or invalid `topic`, or another parameter.", body = ErrorBody),
+        (status = 404, description = "No such topic.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn offsets(
+    State(app): State<Arc<App>>,
+    Params(q, _): Params<OffsetsQuery>,
+) -> Result<Json<OffsetsAnswer>, ApiError> {
+    let topic = TopicName::new(q.required("topic")?)?;
+    let rows = app.engine.offsets(&topic).await?;
+    Ok(Json(OffsetsAnswer {
+        topic: topic.as_str().to_owned(),
+        offsets: rows.iter().map(OffsetView::new).collect(),
+    }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Documents the parameter; the handler reads it with its bounds.
+pub(super) struct DlqQuery {
+    /// Most entries (default `limits.default_dlq_page`).
+    #[param(minimum = 1, maximum = 1000)]
+    max: Option<u64>,
+}
+
+impl QueryParams for DlqQuery {
+    const NAMES: &'static [&'static str] = &["max"];
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct DlqAnswer {
+    group: String,
+    /// By (partition, offset).
+    entries: Vec<DlqView>,
+}
+
+/// The first dead letters of a group.
+#[utoipa::path(
+    get,
+    path = "/admin/dlq/{group}",
+    tag = "operate",
+    operation_id = "dlqBrowse",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$"), DlqQuery),
+    responses(
+        (status = 200, description = "The entries.", body = DlqAnswer),
+        (status = 400, description = "An invalid name or query.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 503, description = "The state store or engine is unavailable.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn dlq_browse(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    Params(q, _): Params<DlqQuery>,
+) -> Result<Json<DlqAnswer>, ApiError> {
+    let max = dlq_max(&app, &q)?;
+    let items = app.engine.dlq(&group, max).await?;
+    Ok(Json(DlqAnswer {
+        group: group.as_str().to_owned(),
+        entries: items.iter().map(DlqView::new).collect(),
+    }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ReplayAnswer {
+    group: String,
+    /// Dead letters whose replay started (those already in replay are not counted).
+    replayed: usize,
+}
+
+/// Deliver dead letters again, to this group only, with fresh attempt counts.
+#[utoipa::path(
+    post,
+    path = "/admin/dlq/{group}/replay",
+    tag = "operate",
+    operation_id = "dlqReplay",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$"), DlqQuery),
+    responses(
+        (status = 200, description = "The replay started.", body = ReplayAnswer),
+        (status = 400, description = "An invalid name or query.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 429, description = "The group's replay limit.", body = ErrorBody),
+        (status = 503, description = "The state store or engine is unavailable.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn dlq_replay(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    Params(q, _): Params<DlqQuery>,
+) -> Result<Json<ReplayAnswer>, ApiError> {
+    let max = dlq_max(&app, &q)?;
+    let replayed = app.engine.dlq_replay(&group, max).await?;
+    Ok(Json(ReplayAnswer {
+        group: group.as_str().to_owned(),
+        replayed,
+    }))
+}
+
+fn dlq_max(app: &App, q: &super::query::Query) -> Result<usize, ApiError> {
+    let l = &app.limits;
+    let max = q.bounded("max", l.default_dlq_page as u64, 1, l.max_dlq_page as u64)?;
+    Ok(usize::try_from(max).unwrap_or(l.max_dlq_page))
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RateLimitBody {
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,200}$")]
+    topic: String,
+    #[schema(minimum = 1, maximum = 1000000000)]
+    events_per_second: u64,
+    #[schema(minimum = 1, maximum = 1000000000)]
+    burst: u64,
+}
+
+/// Set a topic's publish rate limit, durably.
+#[utoipa::path(
+    put,
+    path = "/admin/ratelimit",
+    tag = "operate",
+    operation_id = "setRateLimit",
+    request_body(content = RateLimitBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The rule in force.", body = RateLimitBody),
+        (status = 400, description = "Invalid JSON, topic or rule, or the rule limit.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 413, description = "The body is over `limits.max_json_bytes`.", body = ErrorBody),
+        (status = 415, description = "Not a JSON content type.", body = ErrorBody),
+        (status = 503, description = "The state store cannot take writes now.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn rate_limit(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+    JsonBody(b): JsonBody<RateLimitBody>,
+) -> Result<Json<RateLimitBody>, ApiError> {
+    let topic = TopicName::new(&b.topic)?;
+    let rule = RateRule {
+        events_per_second: b.events_per_second,
+        burst: b.burst,
+    };
+    app.engine.set_rate_limit(&topic, rule).await?;
+    Ok(Json(b))
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct SeekBody {
     partition: u32,
+    offset: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct SeekAnswer {
+    group: String,
+    partition: u32,
+    offset: u64,
+}
+
+/// Operator rewind (or skip) of one partition of a group: it restarts at `offset` with
+/// nothing done above it.
+#[utoipa::path(
+    post,
+    path = "/admin/subscriptions/{group}/seek",
+    tag = "operate",
+    operation_id = "seek",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    request_body(content = SeekBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Done, durably.", body = SeekAnswer),
+        (status = 400, description = "Invalid JSON or name, a partition the group does not have, or an offset outside what the log holds.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 413, description = "The body is over `limits.max_json_bytes`.", body = ErrorBody),
+        (status = 415, description = "Not a JSON content type.", body = ErrorBody),
+        (status = 503, description = "The state store cannot take writes now.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn seek(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+    JsonBody(b): JsonBody<SeekBody>,
+) -> Result<Json<SeekAnswer>, ApiError> {
+    app.engine.seek(&group, b.partition, b.offset).await?;
+    Ok(Json(SeekAnswer {
+        group: group.as_str().to_owned(),
+        partition: b.partition,
+        offset: b.offset,
+    }))
+}
+
+/// One (group, partition) with its four offsets.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct OffsetView {
+    group: String,
+    topic: String,
+    partition: u32,
+    /// The log's end offset (the next offset it will assign).
     end: u64,
+    /// The next offset the group will fetch.
     cursor: u64,
+    /// One past the highest offset handed out.
     push: u64,
+    /// The lowest offset not yet done; everything below is ACKed or dead-lettered.
     watermark: u64,
+    /// The watermark as last made durable.
     durable_watermark: Option<u64>,
-    ack_ranges: &'a [(u64, u64)],
+    /// Done ranges above the watermark, `[start, end)`.
+    #[schema(value_type = Vec<Vec<u64>>)]
+    ack_ranges: Vec<(u64, u64)>,
+    /// `end - watermark`.
     lag: u64,
     in_flight: u64,
 }
 
-impl<'a> OffsetView<'a> {
-    pub(super) fn new(r: &'a OffsetRow) -> Self {
+impl OffsetView {
+    pub(super) fn new(r: &OffsetRow) -> Self {
         Self {
-            group: r.group.as_str(),
-            topic: r.topic.as_str(),
+            group: r.group.as_str().to_owned(),
+            topic: r.topic.as_str().to_owned(),
             partition: r.partition,
             end: r.end,
             cursor: r.cursor,
             push: r.push,
             watermark: r.watermark,
             durable_watermark: r.durable_watermark,
-            ack_ranges: &r.ack_ranges,
+            ack_ranges: r.ack_ranges.clone(),
             lag: r.lag,
             in_flight: r.in_flight,
         }
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct DlqView<'a> {
-    topic: &'a str,
+struct DlqView {
+    topic: String,
     partition: u32,
     offset: u64,
     attempts: u32,
-    reason: &'a str,
+    /// Why it was dead-lettered (`nacked`, `expired`, `undecodable`, ...).
+    reason: String,
     dead_lettered_at_ms: u64,
     /// The event as it would be delivered; `null` when the stored bytes are not an event
     /// (then `eventBase64` holds them).
+    #[schema(value_type = Option<DeliveredEvent>)]
     event: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     event_base64: Option<String>,
 }
 
-impl<'a> DlqView<'a> {
-    fn new(d: &'a DlqItem) -> Self {
+impl DlqView {
+    fn new(d: &DlqItem) -> Self {
         let (event, event_base64) = match delivery_event_json(&d.body, d.partition, d.offset) {
             Ok(e) => (Some(e), None),
             Err(_) => (
@@ -267,11 +505,11 @@ impl<'a> DlqView<'a> {
             ),
         };
         Self {
-            topic: d.topic.as_str(),
+            topic: d.topic.as_str().to_owned(),
             partition: d.partition,
             offset: d.offset,
             attempts: d.attempts,
-            reason: &d.reason,
+            reason: d.reason.clone(),
             dead_lettered_at_ms: d.dead_lettered_at_ms,
             event,
             event_base64,

@@ -7,8 +7,12 @@
 
 use std::fmt;
 
+use axum::response::{IntoResponse, Response};
+use http::header::{HeaderValue, ALLOW, CONNECTION, RETRY_AFTER};
 use http::StatusCode;
+use serde::Serialize;
 use unimesh_core::{NameError, Refusal};
+use utoipa::ToSchema;
 
 use crate::engine::EngineError;
 use crate::event::PublishError;
@@ -33,6 +37,20 @@ pub mod code {
     pub const UNKNOWN_GROUP: &str = "unknown-group";
     pub const UNKNOWN_TOPIC: &str = "unknown-topic";
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported-media-type";
+}
+
+/// The body of every error answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(title = "Error")]
+pub struct ErrorBody {
+    /// Machine-readable and stable: `invalid-name`, `invalid-query`, `invalid-json`,
+    /// `invalid-request`, `invalid-subscription`, `invalid-cloudevent`, `not-found`,
+    /// `method-not-allowed`, `unknown-group`, `unknown-topic`, `conflict`, `limit`,
+    /// `rate-limited`, `too-large`, `unsupported-media-type`, `request-timeout`,
+    /// `unavailable`, `internal`, ...
+    pub error: String,
+    /// What was wrong, naming the field, header, parameter or limit.
+    pub message: String,
 }
 
 /// A refused request: what to answer. Nothing was changed by the request.
@@ -116,6 +134,45 @@ impl ApiError {
         serde_json::json!({ "error": self.code, "message": self.message })
     }
 }
+
+/// The answer: the status, `{"error","message"}`, `Retry-After` and `Allow` when set, and
+/// `Connection: close` when the body was not read to its end (the traffic middleware takes
+/// that header off HTTP/2 answers, where it has no meaning). The error also rides in the
+/// response's extensions so the middleware can log it.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: self.code.to_owned(),
+            message: self.message.clone(),
+        };
+        // A struct of two strings: serialising it cannot fail.
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let mut r = (
+            self.status,
+            [(http::header::CONTENT_TYPE, "application/json")],
+            bytes,
+        )
+            .into_response();
+        let h = r.headers_mut();
+        if let Some(s) = self.retry_after_s {
+            h.insert(RETRY_AFTER, HeaderValue::from(s));
+        }
+        if let Some(allow) = &self.allow {
+            if let Ok(v) = HeaderValue::from_str(allow) {
+                h.insert(ALLOW, v);
+            }
+        }
+        if self.close {
+            h.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        r.extensions_mut().insert(Logged(self));
+        r
+    }
+}
+
+/// An error answer's cause, for the request log.
+#[derive(Clone, Debug)]
+pub struct Logged(pub ApiError);
 
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -53,6 +53,8 @@ pub struct Metrics {
     published: Family<Labels, Counter>,
     publish_latency: Histogram,
     request_duration: Family<Labels, Histogram>,
+    late_replies: Counter,
+    request_timeouts: Counter,
     snapshot: Arc<Mutex<Option<MetricsSnapshot>>>,
     /// One scrape at a time: a scrape installs its snapshot, then encodes it.
     scrape: Mutex<()>,
@@ -91,6 +93,18 @@ impl Metrics {
             "HTTP request duration per route (long-polls include their wait)",
             request_duration.clone(),
         );
+        let late_replies = Counter::default();
+        registry.register(
+            "unimesh_late_replies",
+            "Replies published after their request/reply request had timed out (dropped)",
+            late_replies.clone(),
+        );
+        let request_timeouts = Counter::default();
+        registry.register(
+            "unimesh_request_timeouts",
+            "Request/reply requests answered 504: no reply within timeoutMs",
+            request_timeouts.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(SnapshotCollector {
             slot: snapshot.clone(),
@@ -100,6 +114,8 @@ impl Metrics {
             published,
             publish_latency,
             request_duration,
+            late_replies,
+            request_timeouts,
             snapshot,
             scrape: Mutex::new(()),
         }
@@ -109,6 +125,14 @@ impl Metrics {
         self.published
             .get_or_create(&vec![("topic", topic.as_str().to_owned())])
             .inc_by(events);
+    }
+
+    pub fn late_replies(&self, n: u64) {
+        self.late_replies.inc_by(n);
+    }
+
+    pub fn request_timed_out(&self) {
+        self.request_timeouts.inc();
     }
 
     pub fn observe_publish(&self, seconds: f64) {

@@ -6,7 +6,6 @@
 //! back a [`Draining`]; [`Draining::finish`] asks every open connection to close after its
 //! current request and waits for them, up to the grace period.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,10 +18,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::ServiceExt as _;
 
-use super::router::Listener;
-use super::{handle, App};
+use super::routes::{router, Listener};
+use super::App;
 use crate::config;
 
 /// Both listeners, bound.
@@ -76,6 +76,8 @@ impl Server {
             .header_read_timeout(Duration::from_millis(self.settings.header_read_timeout_ms));
         let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections));
         let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections));
+        let traffic_router = router(Listener::Traffic, app.clone());
+        let admin_router = router(Listener::Admin, app.clone());
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
@@ -94,10 +96,18 @@ impl Server {
                 }
             };
             let _ = stream.set_nodelay(true);
-            let app = app.clone();
-            let service = service_fn(move |req: Request<Incoming>| {
-                let app = app.clone();
-                async move { Ok::<_, Infallible>(handle(&app, listener, req).await) }
+            let router = match listener {
+                Listener::Admin => admin_router.clone(),
+                Listener::Traffic => traffic_router.clone(),
+            };
+            let slot = Arc::new(ConnSlot {
+                permit: std::sync::Mutex::new(Some(permit)),
+            });
+            let held = slot.clone();
+            // An axum router never fails (its error type is `Infallible`).
+            let service = service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(slot.clone());
+                router.clone().oneshot(req)
             });
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -107,13 +117,28 @@ impl Server {
                 if let Err(e) = conn.await {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
-                drop(permit);
+                drop(held);
             });
         }
         Draining {
             graceful,
             grace: Duration::from_millis(self.settings.shutdown_grace_ms),
         }
+    }
+}
+
+/// A connection's slot among `server.max_connections`. An HTTP/1.1 connection that becomes
+/// a delivery stream gives it back ([`ConnSlot::release`]): from then on it counts among
+/// the streams (`server.max_streams`), so idle streams cannot starve request connections.
+pub struct ConnSlot {
+    permit: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl ConnSlot {
+    pub fn release(&self) {
+        // A plain `Option`: a panic while it was held cannot leave it broken.
+        let mut p = self.permit.lock().unwrap_or_else(|p| p.into_inner());
+        p.take();
     }
 }
 

@@ -1,164 +1,165 @@
 //! Traffic routes: publish, the subscription resource, long-poll, ACK / NACK / extend.
+//!
+//! Each handler is annotated with its OpenAPI operation: the document is generated from
+//! these annotations and from the types the handlers read and answer with.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::request::Parts;
-use http::{Response, StatusCode};
-use hyper::body::Body;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use unimesh_core::{ClientId, DeliveryId, GroupName, Settle, TopicName};
+use utoipa::{IntoParams, ToSchema};
 
-use super::body::{parse_json, read_body, read_json_body};
-use super::error::{code, ApiError};
-use super::query::Query;
-use super::router::{Matched, RouteId};
-use super::{admin, json, App, ResBody};
+use super::admin::OffsetView;
+use super::body::read_body;
+use super::error::{code, ApiError, ErrorBody};
+use super::extract::{JsonBody, JsonBytes, Name, NoParams, Params, QueryParams};
+use super::schema::{CloudEvent, CloudEventBatch, DeliveredEvent, SubscriptionDefinition};
+use super::App;
 use crate::engine::{PublishResult, Settling, SubscriptionInfo};
 use crate::event::{delivery_event_json, parse_publish, publish_mode};
 use crate::spec_json::{parse_subscription, SubscriptionDoc};
 
-pub(super) async fn dispatch<B>(
-    app: &App,
-    m: Matched,
-    parts: &Parts,
-    body: B,
-) -> Result<Response<ResBody>, ApiError>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
-{
-    match m.route.id {
-        RouteId::Publish => publish(app, TopicName::new(m.param())?, parts, body).await,
-        RouteId::PutSubscription => {
-            put_subscription(app, GroupName::new(m.param())?, parts, body).await
-        }
-        RouteId::GetSubscription => {
-            let group = GroupName::new(m.param())?;
-            no_query(parts)?;
-            let info = app.engine.subscription(&group).await?;
-            json(StatusCode::OK, &SubscriptionView::new(&info))
-        }
-        RouteId::DeleteSubscription => {
-            let group = GroupName::new(m.param())?;
-            no_query(parts)?;
-            app.engine.unsubscribe(&group).await?;
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "group": group.as_str(), "deleted": true }),
-            )
-        }
-        RouteId::Poll => poll(app, GroupName::new(m.param())?, parts).await,
-        RouteId::Ack => {
-            settle(
-                app,
-                GroupName::new(m.param())?,
-                SettleKind::Ack,
-                parts,
-                body,
-            )
-            .await
-        }
-        RouteId::Nack => {
-            settle(
-                app,
-                GroupName::new(m.param())?,
-                SettleKind::Nack,
-                parts,
-                body,
-            )
-            .await
-        }
-        RouteId::Extend => {
-            settle(
-                app,
-                GroupName::new(m.param())?,
-                SettleKind::Extend,
-                parts,
-                body,
-            )
-            .await
-        }
-        RouteId::OpenApi => admin::openapi(parts),
-        other => Err(ApiError::internal(format!(
-            "route {other:?} is in the table but has no traffic handler"
-        ))),
-    }
-}
-
-pub(super) fn no_query(parts: &Parts) -> Result<(), ApiError> {
-    Query::parse(parts.uri.query(), &[]).map(|_| ())
-}
-
 // ----- publish -----
 
-#[derive(Serialize)]
-struct PublishAnswer<'a> {
-    results: Vec<PublishResultView<'a>>,
+#[derive(Serialize, ToSchema)]
+pub(super) struct PublishAnswer {
+    /// One per event, in request order.
+    results: Vec<PublishResultView>,
 }
 
-#[derive(Serialize)]
-struct PublishResultView<'a> {
-    id: &'a str,
+#[derive(Serialize, ToSchema)]
+struct PublishResultView {
+    /// The event's `id`.
+    id: String,
     partition: u32,
     offset: u64,
 }
 
-async fn publish<B>(
-    app: &App,
-    topic: TopicName,
-    parts: &Parts,
-    body: B,
-) -> Result<Response<ResBody>, ApiError>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
-{
+/// Publish events (binary, structured or batch mode); answered once they are durable.
+///
+/// Binary mode: the `ce-*` headers carry the attributes (`ce-specversion`, `ce-id`,
+/// `ce-source` and `ce-type` are required) and the body is the data, of any content type.
+/// Structured mode: one event as `application/cloudevents+json`. Batch mode: an array of
+/// them as `application/cloudevents-batch+json`. All or nothing: one bad event refuses
+/// the whole request.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/events",
+    tag = "publish",
+    operation_id = "publish",
+    params(
+        ("topic" = String, Path, description = "The topic; created by its first publish or subscription.",
+            pattern = r"^[A-Za-z0-9._-]{1,200}$"),
+    ),
+    request_body(
+        description = "One event (structured mode) or an array of events (batch mode). \
+            Binary mode (any other content type with `ce-*` headers) is accepted too.",
+        content(
+            (CloudEvent = "application/cloudevents+json"),
+            (CloudEventBatch = "application/cloudevents-batch+json"),
+        ),
+    ),
+    responses(
+        (status = 200, description = "Every event is durable.", body = PublishAnswer),
+        (status = 400, description = "An invalid event (the message names the attribute and the event's index), name or query.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 413, description = "The body, an event or the batch is over its limit.", body = ErrorBody),
+        (status = 415, description = "A content type this mesh does not read.", body = ErrorBody),
+        (status = 429, description = "The topic's rate limit.", body = ErrorBody,
+            headers(("retry-after" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "The log cannot take writes now.", body = ErrorBody,
+            headers(("retry-after" = u64, description = "Seconds to wait."))),
+    ),
+)]
+pub(super) async fn publish(
+    State(app): State<Arc<App>>,
+    Name(topic): Name<TopicName>,
+    _: Params<NoParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<PublishAnswer>, ApiError> {
     let started = Instant::now();
-    no_query(parts)?;
     // The content type decides the mode: refuse an unreadable one before reading the body.
-    publish_mode(&parts.headers)?;
-    let bytes = read_body(
-        &app.limits,
-        body,
-        &parts.headers,
-        app.publish.max_request_bytes,
-    )
-    .await?;
-    let events = parse_publish(&parts.headers, &bytes, &app.publish)?;
+    publish_mode(&headers)?;
+    let bytes = read_body(&app.limits, body, &headers, app.publish.max_request_bytes).await?;
+    let events = parse_publish(&headers, &bytes, &app.publish)?;
     let count = events.len() as u64;
+    // Only while a request/reply request waits (or timed out lately) are the events kept
+    // to be offered as replies.
+    let offered = app.replies.interested().then(|| events.clone());
     let results: Vec<PublishResult> = app.engine.publish(&topic, events).await?;
     app.metrics.published(&topic, count);
+    if let Some(events) = offered {
+        let replies = super::reply::replies_among(&events, &results);
+        if !replies.is_empty() {
+            let late = app.replies.offer(&topic, replies);
+            app.metrics.late_replies(late);
+        }
+    }
     app.metrics.observe_publish(started.elapsed().as_secs_f64());
-    let answer = PublishAnswer {
+    Ok(Json(PublishAnswer {
         results: results
-            .iter()
+            .into_iter()
             .map(|r| PublishResultView {
-                id: &r.id,
+                id: r.id,
                 partition: r.partition,
                 offset: r.offset,
             })
             .collect(),
-    };
-    json(StatusCode::OK, &answer)
+    }))
 }
 
 // ----- the subscription resource -----
 
-async fn put_subscription<B>(
-    app: &App,
-    group: GroupName,
-    parts: &Parts,
-    body: B,
-) -> Result<Response<ResBody>, ApiError>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
-{
-    no_query(parts)?;
-    let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
+/// Create or update a durable subscription group.
+///
+/// Clients attached to one group compete for its events (clustering); one group per client
+/// is broadcast. An update keeps the group's progress; its topic and ordering cannot change.
+#[utoipa::path(
+    put,
+    path = "/v1/subscriptions/{group}",
+    tag = "subscriptions",
+    operation_id = "putSubscription",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    request_body(content = SubscriptionDoc, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Updated; every setting spelled out.", body = SubscriptionDefinition,
+            links(
+                ("getSubscription" = (operation_id = "getSubscription", parameters(("group" = "$request.path.group")))),
+                ("poll" = (operation_id = "poll", parameters(("group" = "$request.path.group")))),
+                ("ack" = (operation_id = "ack", parameters(("group" = "$request.path.group")))),
+                ("deleteSubscription" = (operation_id = "deleteSubscription", parameters(("group" = "$request.path.group")))),
+            )),
+        (status = 201, description = "Created; every setting spelled out.", body = SubscriptionDefinition,
+            links(
+                ("getSubscription" = (operation_id = "getSubscription", parameters(("group" = "$request.path.group")))),
+                ("poll" = (operation_id = "poll", parameters(("group" = "$request.path.group")))),
+                ("ack" = (operation_id = "ack", parameters(("group" = "$request.path.group")))),
+                ("deleteSubscription" = (operation_id = "deleteSubscription", parameters(("group" = "$request.path.group")))),
+            )),
+        (status = 400, description = "Invalid JSON, name or setting (the message names the field), or the topic limit.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 409, description = "The topic or ordering of an existing group cannot change.", body = ErrorBody),
+        (status = 413, description = "The body is over `limits.max_json_bytes`.", body = ErrorBody),
+        (status = 415, description = "Not a JSON content type.", body = ErrorBody),
+        (status = 429, description = "The group or partition limit.", body = ErrorBody),
+        (status = 503, description = "The state store cannot take writes now.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn put_subscription(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+    JsonBytes(bytes): JsonBytes,
+) -> Result<Response, ApiError> {
     // Broken JSON is `invalid-json` as on every other route; what is wrong inside a
     // well-formed document is `invalid-subscription`, naming the field.
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
@@ -167,54 +168,108 @@ where
         )));
     }
     let spec = parse_subscription(group, &bytes, &app.subscription)?;
+    if let Some(url) = &spec.push_url {
+        if !super::push::host_allowed(&app.push.allowed_hosts, url) {
+            return Err(ApiError::bad_request(
+                code::INVALID_SUBSCRIPTION,
+                format!(
+                    "push.url: its host is not in push.allowed_hosts ({})",
+                    app.push.allowed_hosts
+                ),
+            ));
+        }
+    }
     let created = app.engine.subscribe(spec.clone()).await?;
-    let view = SubscriptionDocView {
-        group: spec.group.as_str(),
-        doc: SubscriptionDoc::from_spec(&spec),
-    };
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    json(status, &view)
+    Ok((status, Json(SubscriptionDefinition::new(&spec))).into_response())
 }
 
-#[derive(Serialize)]
-struct SubscriptionDocView<'a> {
-    group: &'a str,
-    #[serde(flatten)]
-    doc: SubscriptionDoc,
+/// A subscription group with its progress.
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{group}",
+    tag = "subscriptions",
+    operation_id = "getSubscription",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    responses(
+        (status = 200, description = "The group, its lag and counters.", body = SubscriptionView),
+        (status = 400, description = "An invalid name or query.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn get_subscription(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let info = app.engine.subscription(&group).await?;
+    Ok(Json(SubscriptionView::new(&info)))
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct DeleteAnswer {
+    group: String,
+    /// Always true.
+    deleted: bool,
+}
+
+/// Delete a subscription group with its progress and dead letters.
+#[utoipa::path(
+    delete,
+    path = "/v1/subscriptions/{group}",
+    tag = "subscriptions",
+    operation_id = "deleteSubscription",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    responses(
+        (status = 200, description = "Deleted, durably.", body = DeleteAnswer),
+        (status = 400, description = "An invalid name or query.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 503, description = "The state store cannot take writes now.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn delete_subscription(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+) -> Result<Json<DeleteAnswer>, ApiError> {
+    app.engine.unsubscribe(&group).await?;
+    Ok(Json(DeleteAnswer {
+        group: group.as_str().to_owned(),
+        deleted: true,
+    }))
 }
 
 /// A subscription with its progress, as `GET /v1/subscriptions/{group}` and
 /// `GET /admin/subscriptions` show it.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct SubscriptionView<'a> {
-    group: &'a str,
+pub(super) struct SubscriptionView {
     #[serde(flatten)]
-    doc: SubscriptionDoc,
+    definition: SubscriptionDefinition,
     /// Sum of the partitions' lags.
     lag: u64,
     in_flight: u64,
     clients: usize,
     replaying: usize,
-    partitions: Vec<admin::OffsetView<'a>>,
+    partitions: Vec<OffsetView>,
     stats: StatsView,
 }
 
-impl<'a> SubscriptionView<'a> {
-    pub(super) fn new(info: &'a SubscriptionInfo) -> Self {
+impl SubscriptionView {
+    pub(super) fn new(info: &SubscriptionInfo) -> Self {
         let s = &info.stats;
         Self {
-            group: info.spec.group.as_str(),
-            doc: SubscriptionDoc::from_spec(&info.spec),
+            definition: SubscriptionDefinition::new(&info.spec),
             lag: info.lanes.iter().map(|l| l.lag).sum(),
             in_flight: info.lanes.iter().map(|l| l.in_flight).sum(),
             clients: info.clients,
             replaying: info.replaying,
-            partitions: info.lanes.iter().map(admin::OffsetView::new).collect(),
+            partitions: info.lanes.iter().map(OffsetView::new).collect(),
             stats: StatsView {
                 delivered: s.delivered,
                 redelivered: s.redelivered,
@@ -231,7 +286,8 @@ impl<'a> SubscriptionView<'a> {
     }
 }
 
-#[derive(Serialize)]
+/// The group's delivery counters since the process started.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct StatsView {
     delivered: u64,
@@ -248,17 +304,60 @@ struct StatsView {
 
 // ----- long-poll -----
 
-#[derive(Serialize)]
+/// One delivery: an attempt to hand one event to this client.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct DeliveryView {
+pub(super) struct DeliveryView {
+    /// Names this delivery in ACK, NACK and extend requests.
     delivery_id: String,
+    /// 1 for the first delivery of the event to the group, then 2, 3, ...
     attempt: u32,
+    /// The event in structured mode, with `emmqpartition` and `emmqoffset` set.
+    #[schema(value_type = DeliveredEvent)]
     event: Box<RawValue>,
 }
 
-async fn poll(app: &App, group: GroupName, parts: &Parts) -> Result<Response<ResBody>, ApiError> {
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // Documents the parameters; the handler reads them with their bounds.
+pub(super) struct PollQuery {
+    /// The client: deliveries it holds are its own until ACKed.
+    #[param(pattern = r"^[A-Za-z0-9._-]{1,200}$")]
+    client: String,
+    /// Most deliveries in the answer (default `limits.default_poll_events`).
+    #[param(minimum = 1, maximum = 1000)]
+    max: Option<u32>,
+    /// How long to wait for the first delivery (default `limits.default_wait_ms`).
+    #[param(minimum = 0, maximum = 60000)]
+    wait_ms: Option<u64>,
+}
+
+impl QueryParams for PollQuery {
+    const NAMES: &'static [&'static str] = &["client", "max", "waitMs"];
+}
+
+/// Long-poll: up to `max` deliveries, waiting up to `waitMs` for the first.
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{group}/events",
+    tag = "delivery",
+    operation_id = "poll",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$"), PollQuery),
+    responses(
+        (status = 200, description = "The deliveries; empty when none came within `waitMs`.", body = Vec<DeliveryView>),
+        (status = 400, description = "An invalid name or query parameter.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 429, description = "The group's client limit.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn poll(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    Params(q, _): Params<PollQuery>,
+) -> Result<Json<Vec<DeliveryView>>, ApiError> {
     let l = &app.limits;
-    let q = Query::parse(parts.uri.query(), &["client", "max", "waitMs"])?;
     let client = ClientId::new(q.required("client")?)?;
     let max = q.bounded(
         "max",
@@ -270,123 +369,235 @@ async fn poll(app: &App, group: GroupName, parts: &Parts) -> Result<Response<Res
     // `max` is at most `max_poll_events`, a u32.
     let max = u32::try_from(max).unwrap_or(l.max_poll_events);
     let deliveries = app.engine.poll(&group, &client, max, wait_ms).await?;
-    let mut out = Vec::with_capacity(deliveries.len());
-    for d in deliveries {
+    let out = deliveries
+        .iter()
+        .filter_map(|d| DeliveryView::render(&group, d))
+        .collect();
+    Ok(Json(out))
+}
+
+impl DeliveryView {
+    /// The delivery as a client receives it. `None` (logged) for a stored event that
+    /// decoded but cannot be rendered: the core dead-letters records it cannot decode
+    /// before delivering them, so this is rare, and leaving it out lets its ACK timeout
+    /// redeliver it and `maxAttempts` dead-letter it.
+    pub(super) fn render(group: &GroupName, d: &unimesh_core::Delivery) -> Option<Self> {
         match delivery_event_json(&d.record.body, d.partition, d.record.offset) {
-            Ok(event) => out.push(DeliveryView {
+            Ok(event) => Some(DeliveryView {
                 delivery_id: d.id.to_string(),
                 attempt: d.attempt,
                 event,
             }),
-            // The core dead-letters records it cannot decode before delivering them, so
-            // this is a stored event that decoded but cannot be rendered. Leaving it out
-            // lets its ACK timeout redeliver it and `maxAttempts` dead-letter it.
-            Err(e) => tracing::error!(
-                %group, id = %d.id, error = %e,
-                "a delivery could not be rendered; it is left to its ACK timeout"
-            ),
+            Err(e) => {
+                tracing::error!(
+                    %group, id = %d.id, error = %e,
+                    "a delivery could not be rendered; it is left to its ACK timeout"
+                );
+                None
+            }
         }
     }
-    json(StatusCode::OK, &out)
 }
 
 // ----- ACK / NACK / extend -----
 
-#[derive(Clone, Copy)]
-enum SettleKind {
-    Ack,
-    Nack,
-    Extend,
-}
-
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct AckBody {
+pub(super) struct AckBody {
+    /// Delivery ids. An element that is not a delivery id (or not a string) is answered
+    /// `malformed` on its own; the others still count.
+    #[schema(max_items = 1000)]
     delivery_ids: Vec<Value>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct NackBody {
+pub(super) struct NackBody {
+    /// Delivery ids, as in an ACK.
+    #[schema(max_items = 1000)]
     delivery_ids: Vec<Value>,
+    /// Redeliver after this long instead of the group's backoff.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 86400000)]
     delay_ms: Option<u64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct ExtendBody {
+pub(super) struct ExtendBody {
+    /// Delivery ids, as in an ACK.
+    #[schema(max_items = 1000)]
     delivery_ids: Vec<Value>,
+    /// The new ACK deadline is now + this (default: the group's `ackTimeoutMs`).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 43200000)]
     extend_ms: Option<u64>,
 }
 
-#[derive(Serialize, Debug, PartialEq, Eq)]
+/// An id that was not settled, and why.
+#[derive(Serialize, ToSchema, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct Rejected {
+    /// The id as sent (at most 128 characters of it).
     delivery_id: String,
+    /// `unknown`, `stale`, `already-done`, `revoked` or `malformed`.
     reason: &'static str,
 }
 
-async fn settle<B>(
-    app: &App,
-    group: GroupName,
-    kind: SettleKind,
-    parts: &Parts,
-    body: B,
-) -> Result<Response<ResBody>, ApiError>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
-{
-    no_query(parts)?;
-    let bytes = read_json_body(&app.limits, &parts.headers, body).await?;
+#[derive(Serialize, ToSchema)]
+pub(super) struct AckAnswer {
+    /// Ids accepted.
+    acked: u64,
+    /// The others, in request order.
+    rejected: Vec<Rejected>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct NackAnswer {
+    /// Ids accepted (the same number as `nacked`: every settle answer has `acked`).
+    acked: u64,
+    nacked: u64,
+    rejected: Vec<Rejected>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ExtendAnswer {
+    /// Ids accepted (the same number as `extended`: every settle answer has `acked`).
+    acked: u64,
+    extended: u64,
+    rejected: Vec<Rejected>,
+}
+
+/// ACK deliveries: their events are done for the group.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{group}/ack",
+    tag = "delivery",
+    operation_id = "ack",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    request_body(content = AckBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "One outcome per id.", body = AckAnswer),
+        (status = 400, description = "Invalid JSON, name or query.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 413, description = "Over `limits.max_json_bytes` or `limits.max_ids_per_request`.", body = ErrorBody),
+        (status = 415, description = "Not a JSON content type.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn ack(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+    JsonBody(b): JsonBody<AckBody>,
+) -> Result<Json<AckAnswer>, ApiError> {
+    let (accepted, rejected) = settle(&app, &group, Settling::Ack, b.delivery_ids).await?;
+    Ok(Json(AckAnswer {
+        acked: accepted,
+        rejected,
+    }))
+}
+
+/// NACK deliveries: redelivered after `delayMs` or the group's backoff.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{group}/nack",
+    tag = "delivery",
+    operation_id = "nack",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    request_body(content = NackBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "One outcome per id.", body = NackAnswer),
+        (status = 400, description = "Invalid JSON, name, query or `delayMs`.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 413, description = "Over `limits.max_json_bytes` or `limits.max_ids_per_request`.", body = ErrorBody),
+        (status = 415, description = "Not a JSON content type.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn nack(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+    JsonBody(b): JsonBody<NackBody>,
+) -> Result<Json<NackAnswer>, ApiError> {
     let limits = &app.subscription;
-    let (raw_ids, how, counted) = match kind {
-        SettleKind::Ack => {
-            let b: AckBody = parse_json(&bytes)?;
-            (b.delivery_ids, Settling::Ack, "acked")
+    if let Some(d) = b.delay_ms {
+        if d > limits.max_backoff_ms {
+            return Err(ApiError::bad_request(
+                code::INVALID_REQUEST,
+                format!("delayMs must be at most {}, not {d}", limits.max_backoff_ms),
+            ));
         }
-        SettleKind::Nack => {
-            let b: NackBody = parse_json(&bytes)?;
-            if let Some(d) = b.delay_ms {
-                if d > limits.max_backoff_ms {
-                    return Err(ApiError::bad_request(
-                        code::INVALID_REQUEST,
-                        format!("delayMs must be at most {}, not {d}", limits.max_backoff_ms),
-                    ));
-                }
-            }
-            (
-                b.delivery_ids,
-                Settling::Nack {
-                    delay_ms: b.delay_ms,
-                },
-                "nacked",
-            )
-        }
-        SettleKind::Extend => {
-            let b: ExtendBody = parse_json(&bytes)?;
-            if let Some(e) = b.extend_ms {
-                if e == 0 || e > limits.max_ack_timeout_ms {
-                    return Err(ApiError::bad_request(
-                        code::INVALID_REQUEST,
-                        format!(
-                            "extendMs must be between 1 and {}, not {e}",
-                            limits.max_ack_timeout_ms
-                        ),
-                    ));
-                }
-            }
-            (
-                b.delivery_ids,
-                Settling::Extend {
-                    extend_ms: b.extend_ms,
-                },
-                "extended",
-            )
-        }
+    }
+    let how = Settling::Nack {
+        delay_ms: b.delay_ms,
     };
+    let (accepted, rejected) = settle(&app, &group, how, b.delivery_ids).await?;
+    Ok(Json(NackAnswer {
+        acked: accepted,
+        nacked: accepted,
+        rejected,
+    }))
+}
+
+/// Extend deliveries' ACK deadlines.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{group}/extend",
+    tag = "delivery",
+    operation_id = "extend",
+    params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
+    request_body(content = ExtendBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "One outcome per id.", body = ExtendAnswer),
+        (status = 400, description = "Invalid JSON, name, query or `extendMs`.", body = ErrorBody),
+        (status = 404, description = "No such group.", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
+        (status = 413, description = "Over `limits.max_json_bytes` or `limits.max_ids_per_request`.", body = ErrorBody),
+        (status = 415, description = "Not a JSON content type.", body = ErrorBody),
+        (status = 503, description = "The engine has stopped.", body = ErrorBody),
+    ),
+)]
+pub(super) async fn extend(
+    State(app): State<Arc<App>>,
+    Name(group): Name<GroupName>,
+    _: Params<NoParams>,
+    JsonBody(b): JsonBody<ExtendBody>,
+) -> Result<Json<ExtendAnswer>, ApiError> {
+    let limits = &app.subscription;
+    if let Some(e) = b.extend_ms {
+        if e == 0 || e > limits.max_ack_timeout_ms {
+            return Err(ApiError::bad_request(
+                code::INVALID_REQUEST,
+                format!(
+                    "extendMs must be between 1 and {}, not {e}",
+                    limits.max_ack_timeout_ms
+                ),
+            ));
+        }
+    }
+    let how = Settling::Extend {
+        extend_ms: b.extend_ms,
+    };
+    let (accepted, rejected) = settle(&app, &group, how, b.delivery_ids).await?;
+    Ok(Json(ExtendAnswer {
+        acked: accepted,
+        extended: accepted,
+        rejected,
+    }))
+}
+
+/// Settles the ids that parse; answers how many were accepted and, in request order, the
+/// ids refused (malformed ones included).
+pub(super) async fn settle(
+    app: &App,
+    group: &GroupName,
+    how: Settling,
+    raw_ids: Vec<Value>,
+) -> Result<(u64, Vec<Rejected>), ApiError> {
     if raw_ids.len() > app.limits.max_ids_per_request {
         return Err(ApiError::too_large(format!(
             "deliveryIds has {} ids, over the limit of {}",
@@ -397,7 +608,7 @@ where
     let (ids, mut rejected) = parse_ids(raw_ids);
     let outcomes = app
         .engine
-        .settle(&group, how, ids.iter().map(|(_, id)| *id).collect())
+        .settle(group, how, ids.iter().map(|(_, id)| *id).collect())
         .await?;
     if outcomes.len() != ids.len() {
         // Every id must get an answer; a short answer would silently drop some.
@@ -421,18 +632,7 @@ where
         }
     }
     rejected.sort_by_key(|(i, _)| *i);
-    let rejected: Vec<Rejected> = rejected.into_iter().map(|(_, r)| r).collect();
-    let mut answer = serde_json::Map::new();
-    // docs/DESIGN.md §5.1 gives NACK and extend "the same answer" as ACK: `acked` counts the ids
-    // accepted for every kind, and `nacked` / `extended` say the same in the verb's words.
-    answer.insert("acked".to_owned(), Value::from(accepted));
-    answer.insert(counted.to_owned(), Value::from(accepted));
-    answer.insert(
-        "rejected".to_owned(),
-        serde_json::to_value(&rejected)
-            .map_err(|e| ApiError::internal(format!("cannot write the answer: {e}")))?,
-    );
-    json(StatusCode::OK, &answer)
+    Ok((accepted, rejected.into_iter().map(|(_, r)| r).collect()))
 }
 
 /// An item with its index in the request.

@@ -35,6 +35,12 @@ impl EngineTask {
             Command::Offsets { topic, reply } => {
                 let _ = reply.send(self.offsets(&topic));
             }
+            Command::OpenStream {
+                group,
+                client,
+                window,
+                reply,
+            } => self.open_stream(group, client, window, reply),
             Command::Poll {
                 group,
                 client,
@@ -42,6 +48,18 @@ impl EngineTask {
                 wait_ms,
                 reply,
             } => self.poll(group, client, max, wait_ms, reply),
+            Command::PushTargets { reply } => {
+                let targets = self
+                    .mesh
+                    .group_names()
+                    .filter_map(|g| {
+                        let spec = self.mesh.subscription(g)?;
+                        let url = spec.push_url.clone()?;
+                        Some((g.clone(), url, spec.backoff.max_ms))
+                    })
+                    .collect();
+                let _ = reply.send(Ok(targets));
+            }
             Command::Replay {
                 group,
                 records,
@@ -86,6 +104,9 @@ impl EngineTask {
             let key = (g.clone(), client.clone());
             if self.polls.contains(&key) {
                 self.finish_waiter(&key);
+            }
+            if self.streams.contains(&key) {
+                self.end_stream(&key);
             }
             if present {
                 let _ = self.handle(Input::ClientGone {
@@ -227,6 +248,9 @@ impl EngineTask {
         for key in self.polls.keys(None) {
             self.finish_waiter(&key);
         }
+        for key in self.streams.keys(None) {
+            self.end_stream(&key);
+        }
     }
 
     /// Creates or updates a group; answers (created?) once its definition is durable.
@@ -290,6 +314,10 @@ impl EngineTask {
             if let Some(w) = self.polls.take(&key) {
                 let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));
             }
+        }
+        // The group is gone: its streams end (their transports see the end).
+        for key in self.streams.keys(Some(&group)) {
+            self.end_stream(&key);
         }
         self.flush_after(reply);
     }

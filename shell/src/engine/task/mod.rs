@@ -9,6 +9,7 @@
 
 mod commands;
 mod polls;
+mod sessions;
 mod views;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +30,9 @@ use super::command::{Command, Event, Reply};
 use super::ports::{LogPort, LogRead};
 use super::records::decode_record;
 use super::tap::EngineTap;
+use super::stream::Notice;
 use polls::{PollKey, Polls};
+use sessions::Streams;
 
 pub(crate) struct EngineTask {
     pub mesh: Mesh,
@@ -39,10 +42,13 @@ pub(crate) struct EngineTask {
     pub commands: mpsc::Receiver<Command>,
     pub events_tx: mpsc::Sender<Event>,
     pub events_rx: mpsc::Receiver<Event>,
+    pub notices_tx: mpsc::UnboundedSender<Notice>,
+    pub notices_rx: mpsc::UnboundedReceiver<Notice>,
     pub persist_tx: mpsc::Sender<(Ticket, Arc<PersistBatch>)>,
     pub fetch_wait_ms: u64,
     pub fetch_max_bytes: usize,
     polls: Polls,
+    streams: Streams,
     /// Polls that received deliveries, to answer once the current effects are drained.
     to_finish: Vec<PollKey>,
     /// Replies waiting for "the next persist" to be durable (subscription changes, seeks).
@@ -65,6 +71,10 @@ impl EngineTask {
         commands: mpsc::Receiver<Command>,
         persist_tx: mpsc::Sender<(Ticket, Arc<PersistBatch>)>,
         events: (mpsc::Sender<Event>, mpsc::Receiver<Event>),
+        notices: (
+            mpsc::UnboundedSender<Notice>,
+            mpsc::UnboundedReceiver<Notice>,
+        ),
         fetch_wait_ms: u64,
         fetch_max_bytes: usize,
     ) -> Self {
@@ -76,10 +86,13 @@ impl EngineTask {
             commands,
             events_tx: events.0,
             events_rx: events.1,
+            notices_tx: notices.0,
+            notices_rx: notices.1,
             persist_tx,
             fetch_wait_ms,
             fetch_max_bytes,
             polls: Polls::default(),
+            streams: Streams::default(),
             to_finish: Vec::new(),
             flush_waiters: Vec::new(),
             ticket_waiters: BTreeMap::new(),
@@ -171,6 +184,7 @@ impl EngineTask {
             tokio::select! {
                 biased;
                 Some(event) = self.events_rx.recv() => self.on_event(event),
+                Some(notice) = self.notices_rx.recv() => self.on_notice(notice),
                 command = self.commands.recv() => match command {
                     Some(c) => self.on_command(c),
                     None => break,
@@ -183,6 +197,8 @@ impl EngineTask {
             for _ in 0..256 {
                 if let Ok(event) = self.events_rx.try_recv() {
                     self.on_event(event);
+                } else if let Ok(notice) = self.notices_rx.try_recv() {
+                    self.on_notice(notice);
                 } else if let Ok(command) = self.commands.try_recv() {
                     self.on_command(command);
                 } else {
@@ -204,6 +220,9 @@ impl EngineTask {
         self.shared.ready.store(false, AtomicOrdering::Relaxed);
         for w in self.polls.take_all() {
             let _ = w.reply.send(Ok(w.got));
+        }
+        for key in self.streams.keys(None) {
+            self.end_stream(&key);
         }
     }
 
@@ -308,25 +327,25 @@ impl EngineTask {
         }
     }
 
+    /// Hands a delivery to the one session of its client: a waiting long-poll or a stream.
     fn deliver(&mut self, group: GroupName, client: ClientId, delivery: Delivery) {
         let key = (group, client);
-        match self.polls.get_mut(&key) {
-            Some(w) => {
-                if w.got.is_empty() {
-                    self.to_finish.push(key.clone());
-                }
-                w.got.push(delivery);
+        if let Some(w) = self.polls.get_mut(&key) {
+            if w.got.is_empty() {
+                self.to_finish.push(key.clone());
             }
-            None => {
-                // Credit is withdrawn whenever a poll ends, so this is a race we lost: give
-                // the delivery back at once rather than let it wait out its ACK timeout.
-                tracing::debug!(group = %key.0, client = %key.1, "delivery without a waiting poll");
-                let _ = self.handle(Input::Nack {
-                    group: key.0,
-                    ids: vec![delivery.id],
-                    delay_ms: Some(0),
-                });
-            }
+            w.got.push(delivery);
+            return;
+        }
+        if let Some(delivery) = self.streams.push(&key, delivery) {
+            // Credit is withdrawn whenever a session ends, so this is a race we lost: give
+            // the delivery back at once rather than let it wait out its ACK timeout.
+            tracing::debug!(group = %key.0, client = %key.1, "delivery without a session");
+            let _ = self.handle(Input::Nack {
+                group: key.0,
+                ids: vec![delivery.id],
+                delay_ms: Some(0),
+            });
         }
     }
 

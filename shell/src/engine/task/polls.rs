@@ -131,8 +131,10 @@ impl EngineTask {
         reply: Reply<Vec<Delivery>>,
     ) {
         let key = (group.clone(), client.clone());
-        // A second poll from the same client ends the first with what it has.
+        // A second poll from the same client ends the first with what it has; a poll ends
+        // the client's stream too (one session per client).
         self.finish_waiter(&key);
+        self.end_stream(&key);
         let deadline = (wait_ms > 0).then(|| Instant::now() + Duration::from_millis(wait_ms));
         self.polls.open(key.clone(), reply, deadline);
         match self.handle(Input::ClientPoll { group, client, max }) {

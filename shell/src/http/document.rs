@@ -1,0 +1,274 @@
+//! The OpenAPI documents: one per listener, generated from the handlers (see `routes`),
+//! finished with the hand-written schemas (`schema::install`) and the bounds that come from
+//! the configuration, and served at `/openapi.json` on the listener it describes.
+//!
+//! The checked-in copies (`shell/openapi-traffic.json`, `shell/openapi-admin.json`) are the
+//! documents of the default configuration; a unit test fails when they differ from what the
+//! code generates, and `UNIMESH_BLESS=1 cargo test -p unimesh-shell openapi_documents`
+//! rewrites them.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use serde_json::{json, Value};
+use utoipa::openapi::OpenApi;
+
+use super::error::ErrorBody;
+use super::extract::{NoParams, Params};
+use super::routes::{openapi, Listener};
+use super::{schema, App};
+use crate::config::Config;
+
+/// The finished document of `listener` for `config`, as served.
+pub fn render(listener: Listener, config: &Config) -> Bytes {
+    render_with(listener, Some(config))
+}
+
+/// The document with the configured bounds written in, or (`None`) as annotated.
+pub(super) fn render_with(listener: Listener, config: Option<&Config>) -> Bytes {
+    let mut doc =
+        serde_json::to_value(described(listener, openapi(listener))).unwrap_or(Value::Null);
+    schema::install(&mut doc);
+    link_names(&mut doc);
+    if let Some(config) = config {
+        apply_limits(&mut doc, config);
+    }
+    // `Value` of a document serialises without failure; pretty, so the checked-in copy diffs.
+    let mut text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+    text.push(b'\n');
+    Bytes::from(text)
+}
+
+/// Title, version, server and tags.
+fn described(listener: Listener, mut doc: OpenApi) -> OpenApi {
+    let (title, about, port) = match listener {
+        Listener::Traffic => (
+            "unimesh traffic API",
+            "Publish CloudEvents, manage subscription groups, receive deliveries and \
+             settle them (docs/DESIGN.md §5.1). Errors are `{\"error\", \"message\"}`.",
+            8080,
+        ),
+        Listener::Admin => (
+            "unimesh admin API",
+            "Metrics, health and the operator's views and levers. Served on the admin \
+             listener only: keep it off public interfaces.",
+            8081,
+        ),
+    };
+    doc.info.title = title.to_owned();
+    doc.info.description = Some(about.to_owned());
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc.info.license = Some(utoipa::openapi::License::new("Apache-2.0"));
+    doc.info.contact = None;
+    doc.servers = Some(vec![utoipa::openapi::Server::new(format!(
+        "http://127.0.0.1:{port}"
+    ))]);
+    doc
+}
+
+/// Writes the configured bounds into the document (the handlers' annotations carry the
+/// defaults, so the default configuration changes nothing; a test checks that).
+fn apply_limits(doc: &mut Value, config: &Config) {
+    let l = &config.limits;
+    let m = &config.mesh;
+    let poll = "/paths/~1v1~1subscriptions~1{group}~1events/get";
+    param_bound(doc, poll, "max", "maximum", json!(l.max_poll_events));
+    param_bound(doc, poll, "waitMs", "maximum", json!(l.max_wait_ms));
+    let request = "/paths/~1v1~1topics~1{topic}~1request/post";
+    param_bound(doc, request, "timeoutMs", "maximum", json!(l.max_wait_ms));
+    for op in [
+        "/paths/~1admin~1dlq~1{group}/get",
+        "/paths/~1admin~1dlq~1{group}~1replay/post",
+    ] {
+        param_bound(doc, op, "max", "maximum", json!(l.max_dlq_page));
+    }
+    let schemas = "/components/schemas";
+    for body in ["AckBody", "NackBody", "ExtendBody"] {
+        set(
+            doc,
+            &format!("{schemas}/{body}/properties/deliveryIds/maxItems"),
+            json!(l.max_ids_per_request),
+        );
+    }
+    set(
+        doc,
+        &format!("{schemas}/NackBody/properties/delayMs/maximum"),
+        json!(m.max_backoff_ms),
+    );
+    set(
+        doc,
+        &format!("{schemas}/ExtendBody/properties/extendMs/maximum"),
+        json!(m.max_ack_timeout_ms),
+    );
+    let sub = format!("{schemas}/SubscriptionDoc/properties");
+    set(
+        doc,
+        &format!("{sub}/ackTimeoutMs/maximum"),
+        json!(m.max_ack_timeout_ms),
+    );
+    set(
+        doc,
+        &format!("{sub}/maxAttempts/maximum"),
+        json!(m.max_attempts),
+    );
+    set(
+        doc,
+        &format!("{sub}/maxInFlightPerClient/maximum"),
+        json!(m.max_in_flight_per_client),
+    );
+    let backoff = format!("{schemas}/BackoffDoc/properties");
+    set(
+        doc,
+        &format!("{backoff}/initialMs/maximum"),
+        json!(m.max_backoff_ms),
+    );
+    set(
+        doc,
+        &format!("{backoff}/maxMs/maximum"),
+        json!(m.max_backoff_ms),
+    );
+    set(
+        doc,
+        &format!("{schemas}/CloudEventBatch/maxItems"),
+        json!(l.max_batch_events),
+    );
+    // With an allow-list, a push URL must name one of its hosts: the document says so, so a
+    // generated client (or a fuzzer) never offers another.
+    let hosts: Vec<String> = config
+        .push
+        .allowed_hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(regex::escape)
+        .collect();
+    if !hosts.is_empty() {
+        let pattern = format!(
+            "^https?://(?:{}){}",
+            hosts.join("|"),
+            crate::spec_json::PUSH_URL_AFTER_HOST
+        );
+        set(
+            doc,
+            &format!("{schemas}/PushDoc/properties/url/pattern"),
+            json!(pattern),
+        );
+    }
+}
+
+/// utoipa 5 writes the members of a response link in snake case (`operation_id`); OpenAPI
+/// names them `operationId`, `operationRef` and `requestBody`.
+fn link_names(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for op in item.values_mut() {
+            let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            for response in responses.values_mut() {
+                let Some(links) = response.get_mut("links").and_then(Value::as_object_mut) else {
+                    continue;
+                };
+                for link in links.values_mut().filter_map(Value::as_object_mut) {
+                    for (from, to) in [
+                        ("operation_id", "operationId"),
+                        ("operation_ref", "operationRef"),
+                        ("request_body", "requestBody"),
+                    ] {
+                        if let Some(v) = link.remove(from) {
+                            link.insert(to.to_owned(), v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sets a value the document already has (a missing one means the annotations changed
+/// shape; the default-configuration test catches that).
+fn set(doc: &mut Value, pointer: &str, value: Value) {
+    if let Some(slot) = doc.pointer_mut(pointer) {
+        *slot = value;
+    }
+}
+
+/// Sets a bound of one query parameter's schema.
+fn param_bound(doc: &mut Value, operation: &str, name: &str, bound: &str, value: Value) {
+    let Some(params) = doc
+        .pointer_mut(&format!("{operation}/parameters"))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for p in params {
+        if p["name"] == name {
+            if let Some(slot) = p.pointer_mut(&format!("/schema/{bound}")) {
+                *slot = value.clone();
+            }
+        }
+    }
+}
+
+fn serve(doc: &Bytes) -> Response {
+    ([(CONTENT_TYPE, "application/json")], doc.clone()).into_response()
+}
+
+/// This document (the traffic API's).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operate",
+    operation_id = "trafficOpenapi",
+    responses(
+        (status = 200, description = "The OpenAPI document of the traffic listener.", body = Object, content_type = "application/json"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn traffic_openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    serve(&app.documents.traffic)
+}
+
+/// This document (the admin API's).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operate",
+    operation_id = "adminOpenapi",
+    responses(
+        (status = 200, description = "The OpenAPI document of the admin listener.", body = Object, content_type = "application/json"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn admin_openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    serve(&app.documents.admin)
+}
+
+/// Both finished documents, rendered once at start.
+pub struct Documents {
+    pub traffic: Bytes,
+    pub admin: Bytes,
+}
+
+impl Documents {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            traffic: render(Listener::Traffic, config),
+            admin: render(Listener::Admin, config),
+        }
+    }
+}
+
+/// The checked-in copy of a listener's document (default configuration).
+pub fn checked_in_path(listener: Listener) -> std::path::PathBuf {
+    let name = match listener {
+        Listener::Admin => "openapi-admin.json",
+        Listener::Traffic => "openapi-traffic.json",
+    };
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
+}
