@@ -12,6 +12,9 @@ mod polls;
 mod sessions;
 mod views;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
@@ -21,16 +24,16 @@ use madsim_tokio as tokio;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use unimesh_core::{
-    Assignment, ClientId, Delivery, Effect, FetchId, FetchResult, GroupName, Input, Mesh, Millis,
-    Offset, Partition, PersistBatch, Response, SkipReason, Ticket, TopicName,
+    Assignment, ClientId, Delivery, DeliveryId, Effect, FetchId, FetchResult, GroupName, Input,
+    Mesh, Millis, Offset, Partition, PersistBatch, Response, SkipReason, Ticket, TopicName,
 };
 
 use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
 use super::ports::{LogPort, LogRead};
 use super::records::decode_record;
-use super::tap::EngineTap;
 use super::stream::Notice;
+use super::tap::EngineTap;
 use polls::{PollKey, Polls};
 use sessions::Streams;
 
@@ -51,6 +54,10 @@ pub(crate) struct EngineTask {
     streams: Streams,
     /// Polls that received deliveries, to answer once the current effects are drained.
     to_finish: Vec<PollKey>,
+    /// Deliveries the core handed to a client with no session (a race with its end), to
+    /// give back once the current effects are drained — never from inside the drain, where
+    /// the core's answer (another delivery to the same client) would recurse.
+    orphans: Vec<(PollKey, DeliveryId)>,
     /// Replies waiting for "the next persist" to be durable (subscription changes, seeks).
     flush_waiters: Vec<Reply<()>>,
     ticket_waiters: BTreeMap<Ticket, Vec<Reply<()>>>,
@@ -94,6 +101,7 @@ impl EngineTask {
             polls: Polls::default(),
             streams: Streams::default(),
             to_finish: Vec::new(),
+            orphans: Vec::new(),
             flush_waiters: Vec::new(),
             ticket_waiters: BTreeMap::new(),
             replaying: BTreeMap::new(),
@@ -116,7 +124,40 @@ impl EngineTask {
         if due && !matches!(input, Input::Tick) {
             let _ = self.feed(now, Input::Tick);
         }
-        self.feed(now, input)
+        let response = self.feed(now, input);
+        self.give_back_orphans(now);
+        response
+    }
+
+    /// Gives back what was handed to clients without a session: first the client's credit
+    /// is withdrawn (so the core cannot hand the same record straight back to it), then the
+    /// deliveries are NACKed without delay. Each round withdraws the credit of every client
+    /// it names, and the core hands nothing to a client without credit, so this ends.
+    fn give_back_orphans(&mut self, now: Millis) {
+        while !self.orphans.is_empty() {
+            let mut by_client: BTreeMap<PollKey, Vec<DeliveryId>> = BTreeMap::new();
+            for (key, id) in std::mem::take(&mut self.orphans) {
+                by_client.entry(key).or_default().push(id);
+            }
+            for ((group, client), ids) in by_client {
+                let _ = self.feed(
+                    now,
+                    Input::ClientPoll {
+                        group: group.clone(),
+                        client,
+                        max: 0,
+                    },
+                );
+                let _ = self.feed(
+                    now,
+                    Input::Nack {
+                        group,
+                        ids,
+                        delay_ms: Some(0),
+                    },
+                );
+            }
+        }
     }
 
     fn feed(&mut self, now: Millis, input: Input) -> Response {
@@ -341,11 +382,7 @@ impl EngineTask {
             // Credit is withdrawn whenever a session ends, so this is a race we lost: give
             // the delivery back at once rather than let it wait out its ACK timeout.
             tracing::debug!(group = %key.0, client = %key.1, "delivery without a session");
-            let _ = self.handle(Input::Nack {
-                group: key.0,
-                ids: vec![delivery.id],
-                delay_ms: Some(0),
-            });
+            self.orphans.push((key, delivery.id));
         }
     }
 

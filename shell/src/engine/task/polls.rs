@@ -156,16 +156,20 @@ impl EngineTask {
     /// Ends a poll: its credit is withdrawn and it is answered with what it got; if the
     /// request went away meanwhile, what it got goes back to the core at once.
     pub(super) fn finish_waiter(&mut self, key: &PollKey) {
-        let Some(w) = self.polls.take(key) else {
+        if self.polls.get_mut(key).is_none() {
             return;
-        };
-        // Withdraw what is left of the credit: nothing may be handed to a client that is
-        // no longer waiting.
+        }
+        // Withdraw what is left of the credit while the poll is still open: what the core
+        // hands out meanwhile (timers due first) still lands in this poll's answer, and
+        // nothing can be handed to the client once it is no longer waiting.
         let _ = self.handle(Input::ClientPoll {
             group: key.0.clone(),
             client: key.1.clone(),
             max: 0,
         });
+        let Some(w) = self.polls.take(key) else {
+            return;
+        };
         if let Err(Ok(got)) = w.reply.send(Ok(w.got)) {
             // The HTTP request went away (client disconnected): hand the deliveries back.
             if !got.is_empty() {
