@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 pub use serde_json::{json, Value};
 
+pub mod kafka;
+
 /// How long a server may take to answer `/admin/ready` after it was started. Generous: a
 /// debug build opening RocksDB on a loaded two-core machine can take seconds.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(90);

@@ -16,6 +16,7 @@ mod handle;
 mod persist;
 pub mod ports;
 mod records;
+pub(crate) use records::decode_record;
 mod task;
 
 #[cfg(test)]
@@ -36,7 +37,8 @@ pub use api::{
 };
 pub use handle::EngineHandle;
 pub use ports::{
-    AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
+    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, MemoryLog,
+    StatePort, StoreAdapter,
 };
 
 use persist::persist_writer;
@@ -130,6 +132,11 @@ pub fn start(
         config.fetch_max_bytes,
     );
     task.start = start;
+    if log.assigns_partitions() {
+        let (group_tx, group_rx) = mpsc::channel(1_024);
+        log.attach(group_tx);
+        task.group_events = Some(group_rx);
+    }
     task.assign_recovered()?;
     tracing::info!(epoch, "engine started");
 

@@ -221,6 +221,10 @@ pub(super) struct OffsetView<'a> {
     ack_ranges: &'a [(u64, u64)],
     lag: u64,
     in_flight: u64,
+    /// Which instance serves the partition (Kafka backend: Kafka's group coordinator
+    /// decided); absent when one instance owns the log whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<&'a str>,
 }
 
 impl<'a> OffsetView<'a> {
@@ -237,6 +241,7 @@ impl<'a> OffsetView<'a> {
             ack_ranges: &r.ack_ranges,
             lag: r.lag,
             in_flight: r.in_flight,
+            owner: r.owner.as_deref(),
         }
     }
 }
