@@ -340,3 +340,50 @@ impl StatePort for KafkaState {
         self.local.put_rate_rule(topic, rule)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(watermark: u64, ranges: &[(u64, u64)], attempts: &[(u64, u32)]) -> Checkpoint {
+        Checkpoint {
+            progress: Progress::from_parts(watermark, ranges.iter().copied()).expect("valid"),
+            attempts: attempts.to_vec(),
+        }
+    }
+
+    /// Goal: a progress record stays bounded without ever losing a record. Method: a
+    /// checkpoint over the bound keeps its watermark exactly and a prefix of its ranges;
+    /// what it no longer marks done is only redelivered (not skipped), and the drop is
+    /// counted.
+    #[test]
+    fn bounded_keeps_the_watermark_and_drops_excess_ranges() {
+        let cp = checkpoint(10, &[(12, 13), (15, 17), (20, 21)], &[(11, 2), (14, 3)]);
+        let (same, dropped) = bounded(&cp, 3);
+        assert_eq!((same, dropped), (cp.clone(), 0));
+
+        let (b, dropped) = bounded(&cp, 1);
+        assert_eq!(b.progress.watermark(), 10);
+        assert_eq!(b.progress.ranges().collect::<Vec<_>>(), vec![(12, 13)]);
+        assert_eq!(b.attempts, vec![(11, 2)]);
+        assert_eq!(dropped, 2 + 1);
+        // Everything done in the bounded record was done in the original: no loss.
+        for o in 0..25 {
+            if b.progress.is_done(o) {
+                assert!(
+                    cp.progress.is_done(o),
+                    "offset {o} marked done by the bound"
+                );
+            }
+        }
+        let decoded = Checkpoint::decode(&b.encode()).expect("round trip");
+        assert_eq!(decoded, b);
+    }
+
+    #[test]
+    fn progress_keys_are_unambiguous() {
+        // Names cannot hold a newline, so the key splits back into its parts.
+        assert_eq!(progress_key("g", "t.x", 3), "g\nt.x\n3");
+        assert_ne!(progress_key("g", "t", 12), progress_key("g", "t1", 2));
+    }
+}
