@@ -49,7 +49,52 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// A tansu broker, or librdkafka's mock cluster when `UNIMESH_TEST_BROKER=mock` (a
+    /// second implementation of the protocol; see `tests/python/mock_kafka.py`).
     pub fn start() -> Self {
+        match std::env::var("UNIMESH_TEST_BROKER").as_deref() {
+            Ok("mock") => Self::start_mock(),
+            _ => Self::start_tansu(),
+        }
+    }
+
+    /// librdkafka's mock cluster in a Python confluent-kafka process.
+    pub fn start_mock() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("kafka-mock-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+        let log = dir.path().join("mock.log");
+        let err = File::create(&log).unwrap_or_else(|e| panic!("cannot create the log: {e}"));
+        let script = crate::package_dir().join("python/mock_kafka.py");
+        let mut child = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+            .arg(&script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            use std::io::BufRead as _;
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        let addr: SocketAddr = line.trim().parse().unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!(
+                "the mock cluster printed no address ({line:?}); needs python3 with confluent-kafka:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        Broker {
+            child: Some(child),
+            addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn start_tansu() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("tansu-test-")
             .tempdir()
