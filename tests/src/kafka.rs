@@ -174,7 +174,7 @@ impl Drop for Broker {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            eprintln!("--- tansu log ---\n{}", self.log_text());
+            eprintln!("--- broker log ---\n{}", self.log_text());
         }
     }
 }

@@ -278,11 +278,7 @@ impl ConsumerContext for GroupContext {
         let Some(consumer) = self.me.get().and_then(Weak::upgrade) else {
             return;
         };
-        let partitions: Vec<Partition> = tpl
-            .elements_for_topic(self.topic.as_str())
-            .iter()
-            .map(|e| e.partition().max(0) as Partition)
-            .collect();
+        let partitions = partitions_of(tpl, &self.topic);
         self.log
             .counters()
             .rebalances
@@ -324,8 +320,13 @@ impl GroupContext {
         for &p in partitions {
             ask.add_partition(self.topic.as_str(), p as i32);
         }
-        match run_now(consumer.committed_offsets(ask, timeout)) {
-            Some(Ok(tpl)) => {
+        let asked = if partitions.is_empty() {
+            None
+        } else {
+            run_now(consumer.committed_offsets(ask, timeout))
+        };
+        match asked {
+            Some(Ok(tpl)) if tpl.count() > 0 => {
                 for e in tpl.elements_for_topic(self.topic.as_str()) {
                     if let KOffset::Offset(o) = e.offset() {
                         committed.insert(e.partition().max(0) as Partition, o.max(0) as Offset);
@@ -335,13 +336,17 @@ impl GroupContext {
             Some(Err(e)) => {
                 tracing::warn!(group = %self.group, error = %e, "cannot read committed offsets")
             }
-            None => {}
+            Some(Ok(_)) | None => {}
         }
-        let stored = runtime.block_on(log.inner.progress.latest(
-            &self.group,
-            &self.topic,
-            partitions,
-        ));
+        let stored = if partitions.is_empty() {
+            Ok(BTreeMap::new())
+        } else {
+            runtime.block_on(
+                log.inner
+                    .progress
+                    .latest(&self.group, &self.topic, partitions),
+            )
+        };
         let stored = match stored {
             Ok(m) => m,
             Err(e) => {
@@ -691,6 +696,18 @@ fn expire_fetches(ctx: &GroupContext) {
             }
         }
     }
+}
+
+/// The partitions of `topic` in a list. (madsim-rdkafka's `elements_for_topic` builds a
+/// slice from the list's element pointer, which is null in an empty list: not called then.)
+fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> {
+    if tpl.count() == 0 {
+        return Vec::new();
+    }
+    tpl.elements_for_topic(topic.as_str())
+        .iter()
+        .map(|e| e.partition().max(0) as Partition)
+        .collect()
 }
 
 /// A Kafka record as the core's record: its CloudEvent in the stored form, or the reason
