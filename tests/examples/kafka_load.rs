@@ -23,7 +23,7 @@ use madsim_rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use madsim_rdkafka::producer::{FutureProducer, FutureRecord};
 use madsim_rdkafka::{ClientConfig, Message};
 use unimesh_tests::kafka::Broker;
-use unimesh_tests::{json, parse_deliveries, topic_path, Call, Server, Value};
+use unimesh_tests::{json, parse_deliveries, topic_path, Call, Options, Server, Value};
 
 const EVENT_BYTES: usize = 1024;
 
@@ -91,13 +91,19 @@ struct Outcome {
 
 fn through_unimesh(broker: &Broker, a: &Args) -> Outcome {
     let s = Server::start(
-        broker
-            .server_options("load", a.partitions as u32)
-            .toml("log = \"warn\"\n"),
+        Options::new()
+            .toml("log = \"warn\"\n")
+            .toml(&broker.server_toml("load", a.partitions as u32)),
     );
     s.subscribe(
         "load",
         &json!({ "topic": "load", "ackTimeoutMs": 60000, "maxInFlightPerClient": 10000, "startFrom": "earliest" }),
+    );
+    // The clock starts once Kafka assigned the group's partitions (as on the direct side).
+    unimesh_tests::wait_for(
+        "the group's partitions assigned",
+        Duration::from_secs(60),
+        || (s.offsets("load").len() == a.partitions as usize).then_some(()),
     );
     let next = Arc::new(AtomicU64::new(0));
     let acked = Arc::new(AtomicU64::new(0));
@@ -174,7 +180,11 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
             .await
             .expect("admin client");
         let t = NewTopic::new(topic, a.partitions as i32, TopicReplication::Fixed(1));
-        let _ = admin.create_topics([&t], &AdminOptions::new()).await;
+        let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
+        if let Err(e) = admin.create_topics([&t], &opts).await {
+            // librdkafka's mock cluster creates topics on a metadata request instead.
+            println!("kafka_load: CreateTopics failed ({e}); relying on auto-creation");
+        }
     });
     let producer: FutureProducer = rt
         .block_on(
@@ -186,9 +196,21 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
                 .create(),
         )
         .expect("producer");
+    {
+        use madsim_rdkafka::producer::Producer as _;
+        let meta = rt
+            .block_on(
+                producer
+                    .client()
+                    .fetch_metadata(Some(topic), Duration::from_secs(10)),
+            )
+            .expect("metadata");
+        let n = meta.topics().first().map_or(0, |t| t.partitions().len());
+        println!("kafka_load: direct topic has {n} partitions");
+    }
     let consumed = Arc::new(AtomicU64::new(0));
-    let cpu0 = cpu_seconds();
-    let started = Instant::now();
+    let assigned = Arc::new(AtomicU64::new(0));
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut consumers = Vec::new();
     for c in 0..a.consumers {
         let consumer: BaseConsumer = rt
@@ -199,13 +221,26 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
                     .set("client.id", format!("direct-{c}"))
                     .set("enable.auto.commit", "false")
                     .set("auto.offset.reset", "earliest")
+                    .set("topic.metadata.refresh.interval.ms", "1000")
                     .create(),
             )
             .expect("consumer");
         consumer.subscribe(&[topic]).expect("subscribe");
         let (consumed, events) = (consumed.clone(), a.events);
+        let (assigned, go) = (assigned.clone(), go.clone());
         let handle = rt.handle().clone();
         consumers.push(std::thread::spawn(move || {
+            // Join the group first: the clock starts once every partition is assigned.
+            let mut mine = 0;
+            while !go.load(Ordering::Relaxed) {
+                let _ = consumer.poll(Duration::from_millis(50));
+                let now = consumer.assignment().map_or(0, |t| t.count() as u64);
+                if now != mine {
+                    assigned.fetch_add(now, Ordering::Relaxed);
+                    assigned.fetch_sub(mine, Ordering::Relaxed);
+                    mine = now;
+                }
+            }
             while consumed.load(Ordering::Relaxed) < events {
                 let mut n = 0;
                 while n < 500 {
@@ -225,6 +260,14 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
             }
         }));
     }
+    unimesh_tests::wait_for(
+        "the direct group's partitions assigned",
+        Duration::from_secs(60),
+        || (assigned.load(Ordering::Relaxed) == a.partitions).then_some(()),
+    );
+    go.store(true, Ordering::Relaxed);
+    let cpu0 = cpu_seconds();
+    let started = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let mut publishers = Vec::new();
     for _ in 0..a.publishers {

@@ -159,11 +159,16 @@ impl Broker {
     /// Server options for a `unimesh serve --storage kafka` on this broker, named
     /// `instance`.
     pub fn server_options(&self, instance: &str, partitions: u32) -> Options {
-        Options::new().toml(&format!(
+        Options::new().toml(&self.server_toml(instance, partitions))
+    }
+
+    /// The TOML of [`Broker::server_options`] (top-level keys must come before it).
+    pub fn server_toml(&self, instance: &str, partitions: u32) -> String {
+        format!(
             "[storage]\nbackend = \"kafka\"\ndefault_partitions = {partitions}\n\
              [kafka]\nbrokers = \"{}\"\ninstance = \"{instance}\"\nrequest_timeout_ms = 10000\n",
             self.brokers()
-        ))
+        )
     }
 }
 
