@@ -90,10 +90,13 @@ pub enum GroupEvent {
     },
     /// The group is losing these partitions. The engine makes the group's progress durable
     /// (which commits it), stops every effect for them, then answers `done`; the broker
-    /// hands them on only after that answer.
+    /// hands them on only after that answer. When `lost` (the broker already gave them to
+    /// another instance: a session timeout), nothing is written for them any more — a
+    /// late write of this zombie would overwrite the new owner's progress.
     Revoking {
         group: GroupName,
         partitions: Vec<Partition>,
+        lost: bool,
         done: std::sync::mpsc::SyncSender<()>,
     },
 }

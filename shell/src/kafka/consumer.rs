@@ -418,6 +418,7 @@ impl GroupContext {
         let sent = self.events.blocking_send(GroupEvent::Revoking {
             group: self.group.clone(),
             partitions: partitions.to_vec(),
+            lost,
             done,
         });
         let started = Instant::now();

@@ -410,6 +410,22 @@ impl EngineTask {
             GroupEvent::Revoking {
                 group,
                 partitions,
+                lost: true,
+                done,
+            } => {
+                // Dropped at once: what this instance did not persist yet is redelivered by
+                // the new owner (in flight, C2), and nothing of it reaches the stores.
+                let _ = self.handle(Input::PartitionsRevoked {
+                    group: group.clone(),
+                    partitions: partitions.clone(),
+                });
+                tracing::warn!(%group, ?partitions, "partitions lost to another instance");
+                let _ = done.try_send(());
+            }
+            GroupEvent::Revoking {
+                group,
+                partitions,
+                lost: false,
                 done,
             } => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
