@@ -2,6 +2,9 @@
 
     kafka_client.py produce BROKERS TOPIC     # writes the records below, prints their offsets
     kafka_client.py consume BROKERS TOPIC N   # reads N records from the beginning, prints them
+    kafka_client.py progress BROKERS GROUP TOPIC PARTITION WATERMARK
+        # writes a progress record (unimesh's checkpoint encoding, no ranges) for the lane,
+        # as if a group had reached WATERMARK: to test a resume offset the log does not have
 
 `produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
 partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
@@ -14,8 +17,10 @@ arrive within 60 s.
 """
 
 import json
+import struct
 import sys
 import time
+import zlib
 
 from confluent_kafka import Consumer, Producer
 
@@ -101,10 +106,23 @@ def consume(brokers, topic, n):
         raise SystemExit(f"read {got} of {n} records")
 
 
+def progress(brokers, group, topic, partition, watermark):
+    # core/src/checkpoint.rs: "UMCK" | version 1 | watermark u64 | 0 ranges | 0 attempts | crc32
+    body = b"UMCK" + bytes([1]) + struct.pack("<QII", watermark, 0, 0)
+    value = body + struct.pack("<I", zlib.crc32(body))
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
+    producer.produce("unimesh.progress", key=f"{group}\n{topic}\n{partition}".encode(), value=value)
+    if producer.flush(30):
+        raise SystemExit("progress record not delivered")
+    print(json.dumps({"written": True}))
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "produce":
         produce(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 5 and sys.argv[1] == "consume":
         consume(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) >= 7 and sys.argv[1] == "progress":
+        progress(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
     else:
         raise SystemExit(__doc__)

@@ -144,3 +144,70 @@ fn outside_kafka_clients_and_unimesh_read_each_others_records() {
     assert_eq!(again[0].event_id(), "um-1");
     assert_eq!(again[0].event["data"], json!({"paid": true}));
 }
+
+/// Goal: a group whose resume offset the broker does not have repositions and reports it,
+/// never sticks and never skips silently (docs/DESIGN.md §7). Method: a group ACKs 3 of 10
+/// records and stops gracefully; a progress record then says the group reached offset 20,
+/// beyond the partition's end (as after a broker lost its tail); after the restart the
+/// fetch at 20 is out of range, the group restarts at the end (10), the out-of-range answer
+/// is counted, and the next records published (10, 11) are delivered.
+///
+/// The other flavour (a resume offset below the log start, after retention) needs
+/// DeleteRecords, which neither test broker has (tansu 0.6.0's in-memory storage panics
+/// with `todo!()`, librdkafka's mock answers "unsupported"); the core's handling of it is
+/// covered by the simulation and the embedded backend's retention tests.
+#[test]
+fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
+    let broker = Broker::start();
+    // One record per batch: tansu answers a fetch from inside a batch with the next batch.
+    let opts = broker
+        .server_options("one", 1)
+        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
+    let mut server = Server::start(opts);
+    server.subscribe(
+        "slow",
+        &json!({"topic": "trimmed", "startFrom": "earliest", "ackTimeoutMs": 60000}),
+    );
+    // One key: every record on one partition (a broker may create the topic with more).
+    let publish = |server: &Server, i: usize| {
+        let mut e = unimesh_tests::event(&format!("t{i}"), "trim", json!({"i": i}));
+        e["partitionkey"] = json!("one-key");
+        let p = &published(&server.publish_structured("trimmed", &e), 1)[0];
+        (p.partition, p.offset)
+    };
+    let placed: Vec<(u32, u64)> = (0..10).map(|i| publish(&server, i)).collect();
+    let partition = placed[0].0;
+    assert!(placed.iter().all(|&(p, _)| p == partition), "{placed:?}");
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.extend(server.poll("slow", "c", 3 - got.len() as u32, 1000));
+    }
+    let ids: Vec<&str> = got.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        got.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    server.ack("slow", &ids).all_ok(3);
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+
+    let p = partition.to_string();
+    kafka_client(&["progress", &broker.brokers(), "slow", "trimmed", &p, "20"]);
+
+    server.restart();
+    unimesh_tests::wait_for("the out-of-range answer", TIMEOUT, || {
+        let metrics = server.admin_get("/metrics").text();
+        let n = unimesh_tests::metric(&metrics, "unimesh_kafka_out_of_range_total", "");
+        n.is_some_and(|n| n >= 1.0).then_some(())
+    });
+    let placed: Vec<(u32, u64)> = (10..12).map(|i| publish(&server, i)).collect();
+    assert_eq!(placed, vec![(partition, 10), (partition, 11)]);
+    let after = server.poll_n("slow", "c", 2, TIMEOUT);
+    let offsets: Vec<u64> = after.iter().map(|d| d.offset).collect();
+    assert_eq!(offsets, vec![10, 11], "{after:?}");
+    assert!(
+        server.stderr().contains("lost its tail"),
+        "the truncation is logged:\n{}",
+        server.stderr()
+    );
+}

@@ -16,6 +16,7 @@ mod handle;
 mod persist;
 pub mod ports;
 mod records;
+#[cfg(not(madsim))]
 pub(crate) use records::decode_record;
 mod task;
 

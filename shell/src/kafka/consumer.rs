@@ -205,11 +205,20 @@ struct Part {
     buffered_bytes: usize,
     fetch: Option<FetchRequest>,
     paused: bool,
+    /// The consumer reported an offset out of range (it does not say for which partition):
+    /// the next fetch checks this partition's offsets against the broker's first.
+    check_range: bool,
+    /// The consumer may have stopped fetching this partition (with `auto.offset.reset =
+    /// error` librdkafka stops a partition at an out-of-range answer, and a seek no longer
+    /// restarts it): the next repositioning assigns the partition again instead.
+    stalled: bool,
 }
 
 impl Part {
     fn new(base: Offset) -> Self {
         Self {
+            check_range: false,
+            stalled: false,
             base,
             buffer: VecDeque::new(),
             buffered_bytes: 0,
@@ -568,6 +577,18 @@ fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
 }
 
 fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: FetchRequest) {
+    let check = lock(&ctx.parts)
+        .get(&req.partition)
+        .is_some_and(|p| p.check_range);
+    let range = if check {
+        ctx.log
+            .inner
+            .runtime
+            .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
+            .ok()
+    } else {
+        None
+    };
     let mut parts = lock(&ctx.parts);
     let Some(part) = parts.get_mut(&req.partition) else {
         let _ = req.reply.send(LogRead::Failed(format!(
@@ -580,32 +601,59 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         // Overtaken: the core ignores the answer to the old fetch id anyway.
         let _ = old.reply.send(LogRead::Decoded(Vec::new()));
     }
-    if req.from < part.base {
-        let seek = run_now(consumer.seek(
-            ctx.topic.as_str(),
-            req.partition as i32,
-            KOffset::Offset(req.from as i64),
-            Duration::from_millis(0),
-        ));
-        match seek {
-            Some(Ok(())) => {
-                part.buffer.clear();
-                part.buffered_bytes = 0;
-                part.base = req.from;
-            }
-            other => {
-                // Never answer past a failed seek: that would skip records as a "gap".
-                let why = match other {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "seek did not complete".to_owned(),
-                };
-                let _ = req.reply.send(LogRead::Failed(format!(
-                    "cannot seek {}/{} to {}: {why}",
-                    ctx.topic, req.partition, req.from
-                )));
-                return;
-            }
+    if let Some((earliest, end)) = range {
+        part.check_range = false;
+        // The partition's fetcher may have stopped at the error: restart it where asked.
+        part.stalled = true;
+        part.base = Offset::MAX;
+        if req.from < earliest || req.from > end {
+            ctx.log
+                .counters()
+                .out_of_range
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, earliest, end, "offset out of range; the core repositions");
+            let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+            return;
         }
+    }
+    let reposition = req.from < part.base;
+    if reposition {
+        let moved = if part.stalled {
+            restart_fetcher(consumer, ctx, &mut parts, req.partition, req.from)
+        } else {
+            run_now(consumer.seek(
+                ctx.topic.as_str(),
+                req.partition as i32,
+                KOffset::Offset(req.from as i64),
+                Duration::from_millis(0),
+            ))
+        };
+        if !matches!(moved, Some(Ok(()))) {
+            // Never answer past a failed seek: that would skip records as a "gap".
+            let why = match moved {
+                Some(Err(e)) => e.to_string(),
+                _ => "seek did not complete".to_owned(),
+            };
+            let _ = req.reply.send(LogRead::Failed(format!(
+                "cannot seek {}/{} to {}: {why}",
+                ctx.topic, req.partition, req.from
+            )));
+            return;
+        }
+    }
+    // Still there: the lock is held, and nothing above removes a partition.
+    let Some(part) = parts.get_mut(&req.partition) else {
+        let _ = req.reply.send(LogRead::Failed(format!(
+            "partition {} of {} is not assigned to this instance",
+            req.partition, ctx.topic
+        )));
+        return;
+    };
+    if reposition {
+        part.stalled = false;
+        part.buffer.clear();
+        part.buffered_bytes = 0;
+        part.base = req.from;
     }
     part.discard_below(req.from);
     let partition = req.partition;
@@ -618,6 +666,66 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
             part.paused = false;
         }
     }
+}
+
+/// Starts fetching `partition` at `from` again after the consumer may have stopped it (a
+/// seek cannot: librdkafka refuses to seek a stopped partition, silently when not waited
+/// for). Cooperative: the partition alone is given up and taken again at `from`. Eager:
+/// the whole assignment is taken again, every other partition at its `base` with its
+/// buffer dropped (everything at or above `base` comes again from the stream).
+fn restart_fetcher(
+    consumer: &BaseConsumer<GroupContext>,
+    ctx: &GroupContext,
+    parts: &mut BTreeMap<Partition, Part>,
+    partition: Partition,
+    from: Offset,
+) -> Option<KafkaResult<()>> {
+    let topic = ctx.topic.as_str();
+    let mut tpl = TopicPartitionList::new();
+    let restarted = match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => {
+            tpl.add_partition(topic, partition as i32);
+            if let Err(e) = consumer.incremental_unassign(&tpl) {
+                return Some(Err(e));
+            }
+            let mut again = TopicPartitionList::new();
+            if let Err(e) =
+                again.add_partition_offset(topic, partition as i32, KOffset::Offset(from as i64))
+            {
+                return Some(Err(e));
+            }
+            consumer.incremental_assign(&again)
+        }
+        _ => {
+            for (&p, part) in parts.iter_mut() {
+                let at = if p == partition {
+                    from
+                } else {
+                    part.buffer.clear();
+                    part.buffered_bytes = 0;
+                    part.paused = false;
+                    part.base
+                };
+                if let Err(e) =
+                    tpl.add_partition_offset(topic, p as i32, KOffset::Offset(at as i64))
+                {
+                    return Some(Err(e));
+                }
+            }
+            consumer.assign(&tpl)
+        }
+    };
+    if restarted.is_ok() {
+        let mut one = TopicPartitionList::new();
+        one.add_partition(topic, partition as i32);
+        // A partition paused before it stopped fetches again (resuming a running one is a no-op).
+        let _ = consumer.resume(&one);
+        if let Some(part) = parts.get_mut(&partition) {
+            part.paused = false;
+        }
+        tracing::info!(group = %ctx.group, partition, from, "partition fetcher restarted");
+    }
+    Some(restarted)
 }
 
 fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &BorrowedMessage<'_>) {
@@ -644,8 +752,10 @@ fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &Bor
     }
 }
 
-/// A consume error. An offset the log does not have answers the waiting fetches whose
-/// offset is outside the log with `OutOfRange`, so the core repositions (and reports it).
+/// A consume error. An offset the log does not have (librdkafka does not say for which
+/// partition) marks every partition to check its range at its next fetch — outside the
+/// log it answers `OutOfRange`, so the core repositions (and reports it) — and to restart
+/// its fetcher, which librdkafka stopped; waiting fetches are handled again right away.
 fn on_error(ctx: &GroupContext, e: &KafkaError) {
     let out_of_range = matches!(
         e.rdkafka_error_code(),
@@ -655,47 +765,62 @@ fn on_error(ctx: &GroupContext, e: &KafkaError) {
         tracing::warn!(group = %ctx.group, error = %e, "Kafka consumer error");
         return;
     }
-    let waiting: Vec<(Partition, Offset)> = lock(&ctx.parts)
-        .iter()
-        .filter_map(|(&p, part)| part.fetch.as_ref().map(|f| (p, f.from)))
-        .collect();
-    for (p, from) in waiting {
-        let Ok((earliest, end)) = ctx
-            .log
-            .inner
-            .runtime
-            .block_on(ctx.log.watermarks(&ctx.topic, p))
-        else {
-            continue;
-        };
-        if from >= earliest && from <= end {
-            continue;
-        }
-        ctx.log
-            .counters()
-            .out_of_range
-            .fetch_add(1, Ordering::Relaxed);
+    // Every partition is checked at its next fetch; a waiting fetch is handled again now.
+    let waiting: Vec<FetchRequest> = {
         let mut parts = lock(&ctx.parts);
-        if let Some(part) = parts.get_mut(&p) {
-            if let Some(req) = part.fetch.take() {
-                // The core's next fetch seeks to where it repositions.
-                part.base = Offset::MAX;
-                let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
-            }
-        }
-    }
+        parts
+            .values_mut()
+            .filter_map(|part| {
+                part.check_range = true;
+                part.fetch.take()
+            })
+            .collect()
+    };
+    lock(&ctx.held).extend(waiting);
 }
 
-/// Fetches that waited their time at the end of a partition answer empty.
+/// Fetches that waited their time at the end of a partition answer empty — unless the
+/// broker's offsets say the fetch is outside the log (some brokers answer such a fetch
+/// empty instead of "out of range"): then `OutOfRange`, so the core repositions instead of
+/// waiting forever. The cached offsets only preselect; a fresh read decides.
 fn expire_fetches(ctx: &GroupContext) {
     let now = Instant::now();
-    let mut parts = lock(&ctx.parts);
-    for part in parts.values_mut() {
-        if part.fetch.as_ref().is_some_and(|f| f.deadline <= now) {
-            if let Some(req) = part.fetch.take() {
-                let _ = req.reply.send(LogRead::Decoded(Vec::new()));
+    let expired: Vec<FetchRequest> = {
+        let mut parts = lock(&ctx.parts);
+        parts
+            .values_mut()
+            .filter(|part| part.fetch.as_ref().is_some_and(|f| f.deadline <= now))
+            .filter_map(|part| part.fetch.take())
+            .collect()
+    };
+    for req in expired {
+        let suspect = ctx
+            .log
+            .cached_offsets(&ctx.topic, req.partition)
+            .is_some_and(|(earliest, end)| req.from < earliest || req.from > end);
+        if suspect {
+            if let Ok((earliest, end)) = ctx
+                .log
+                .inner
+                .runtime
+                .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
+            {
+                if req.from < earliest || req.from > end {
+                    let mut parts = lock(&ctx.parts);
+                    if let Some(part) = parts.get_mut(&req.partition) {
+                        part.base = Offset::MAX;
+                    }
+                    ctx.log
+                        .counters()
+                        .out_of_range
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, earliest, end, "offset outside the log; the core repositions");
+                    let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+                    continue;
+                }
             }
         }
+        let _ = req.reply.send(LogRead::Decoded(Vec::new()));
     }
 }
 

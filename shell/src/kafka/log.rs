@@ -239,6 +239,17 @@ impl KafkaLog {
         Ok(pair)
     }
 
+    /// (earliest, end) of a partition as last read, without asking the broker.
+    pub(super) fn cached_offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Option<(Offset, Offset)> {
+        lock(&self.inner.ends)
+            .get(&(topic.clone(), partition))
+            .copied()
+    }
+
     /// Reads every known partition's end offsets every `every` (lag in views and metrics).
     pub fn spawn_offsets_refresh(&self, every: Duration) {
         let log = self.clone();
