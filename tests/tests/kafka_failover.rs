@@ -289,6 +289,12 @@ fn two_instances_split_partitions_and_take_over_on_kill_and_on_stop() {
     }
     let a_barrier = book.barrier.get("a").copied().unwrap_or(0);
     let dups1 = book.duplicates("p1");
+    // The bound on duplicates: ACKs the killed instance answered after its last barrier.
+    let in_flight_at_kill = book
+        .acked
+        .iter()
+        .filter(|(id, &(seq, who))| id.starts_with("p1") && who == "a" && seq > a_barrier)
+        .count();
     for (id, n) in &dups1 {
         let allowed = match book.acked.get(id) {
             // ACKed by the killed instance after its last barrier: maybe not persisted.
@@ -317,9 +323,10 @@ fn two_instances_split_partitions_and_take_over_on_kill_and_on_stop() {
     let rebalances = unimesh_tests::metric(&metrics, "unimesh_kafka_rebalances_total", "");
     eprintln!(
         "FIGURES kafka failover: events={} kills=1 stops=1 duplicates_after_kill={} \
-         duplicates_after_stop={} kill_to_first_moved_delivery_ms={} rebalances_seen_by_a={:?}",
+         acks_after_last_barrier_of_killed={} duplicates_after_stop={} kill_to_first_moved_delivery_ms={} rebalances_seen_by_a={:?}",
         book.published.len(),
         dups1.iter().map(|(_, n)| n - 1).sum::<u32>(),
+        in_flight_at_kill,
         dups3.iter().map(|(_, n)| n - 1).sum::<u32>(),
         first_moved.map_or(-1, |d| d.as_millis() as i64),
         rebalances
