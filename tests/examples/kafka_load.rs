@@ -210,6 +210,10 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
     }
     let consumed = Arc::new(AtomicU64::new(0));
     let assigned = Arc::new(AtomicU64::new(0));
+    // Members holding at least one partition: the group is settled only once every member
+    // joined (else a late join rebalances mid-run, and a broker's initial rebalance delay,
+    // 3 s on Kafka, lands inside the measurement).
+    let holders = Arc::new(AtomicU64::new(0));
     let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut consumers = Vec::new();
     for c in 0..a.consumers {
@@ -227,7 +231,7 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
             .expect("consumer");
         consumer.subscribe(&[topic]).expect("subscribe");
         let (consumed, events) = (consumed.clone(), a.events);
-        let (assigned, go) = (assigned.clone(), go.clone());
+        let (assigned, holders, go) = (assigned.clone(), holders.clone(), go.clone());
         let handle = rt.handle().clone();
         consumers.push(std::thread::spawn(move || {
             // Join the group first: the clock starts once every partition is assigned.
@@ -238,6 +242,11 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
                 if now != mine {
                     assigned.fetch_add(now, Ordering::Relaxed);
                     assigned.fetch_sub(mine, Ordering::Relaxed);
+                    match (mine, now) {
+                        (0, _) => holders.fetch_add(1, Ordering::Relaxed),
+                        (_, 0) => holders.fetch_sub(1, Ordering::Relaxed),
+                        _ => 0,
+                    };
                     mine = now;
                 }
             }
@@ -263,7 +272,11 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
     unimesh_tests::wait_for(
         "the direct group's partitions assigned",
         Duration::from_secs(60),
-        || (assigned.load(Ordering::Relaxed) == a.partitions).then_some(()),
+        || {
+            let settled = assigned.load(Ordering::Relaxed) == a.partitions
+                && holders.load(Ordering::Relaxed) == a.consumers.min(a.partitions);
+            settled.then_some(())
+        },
     );
     go.store(true, Ordering::Relaxed);
     let cpu0 = cpu_seconds();
