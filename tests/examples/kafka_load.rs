@@ -12,8 +12,9 @@
 //! to be acknowledged (`acks=all`, idempotent); `consumers` read them and acknowledge each
 //! read batch (unimesh: an HTTP long-poll and one ACK request; direct: a consumer-group
 //! member that commits each polled batch synchronously). The clock runs from the first
-//! write until every event is acknowledged. The process CPU time of this load client is
-//! printed too, since on two cores the client competes with what it measures.
+//! write until every event is acknowledged. The CPU time of this load client, of the
+//! broker and of the unimesh server during each run is printed too, since on two cores
+//! they compete with each other.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,6 +77,27 @@ fn cpu_seconds() -> f64 {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
+/// CPU seconds (user + system) process `pid` used so far, from /proc (NaN if unreadable).
+fn process_cpu_seconds(pid: Option<u32>) -> f64 {
+    let Some(stat) = pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+    else {
+        return f64::NAN;
+    };
+    // Fields after the command name (which may hold spaces, so split after its ')'):
+    // state is field 3, utime 14, stime 15 (proc(5)).
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    // SAFETY: sysconf only reads a system constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) if hz > 0.0 => (u + s) / hz,
+        _ => f64::NAN,
+    }
+}
+
 /// A 1 KiB JSON payload.
 fn payload(i: u64) -> String {
     let head = format!("{{\"n\":{i},\"pad\":\"");
@@ -87,6 +109,10 @@ struct Outcome {
     name: &'static str,
     seconds: f64,
     cpu: f64,
+    /// CPU seconds of the broker during the run.
+    broker_cpu: f64,
+    /// CPU seconds of the unimesh server during the run (NaN on the direct side).
+    server_cpu: f64,
 }
 
 fn through_unimesh(broker: &Broker, a: &Args) -> Outcome {
@@ -109,6 +135,8 @@ fn through_unimesh(broker: &Broker, a: &Args) -> Outcome {
     let acked = Arc::new(AtomicU64::new(0));
     let url = s.http_url(&topic_path("load"));
     let cpu0 = cpu_seconds();
+    let broker_cpu0 = process_cpu_seconds(broker.pid());
+    let server_cpu0 = process_cpu_seconds(s.pid());
     let started = Instant::now();
     let mut threads = Vec::new();
     for _ in 0..a.publishers {
@@ -164,6 +192,8 @@ fn through_unimesh(broker: &Broker, a: &Args) -> Outcome {
         name: "unimesh on Kafka (HTTP publish, long-poll, ACK)",
         seconds: started.elapsed().as_secs_f64(),
         cpu: cpu_seconds() - cpu0,
+        broker_cpu: process_cpu_seconds(broker.pid()) - broker_cpu0,
+        server_cpu: process_cpu_seconds(s.pid()) - server_cpu0,
     }
 }
 
@@ -280,6 +310,7 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
     );
     go.store(true, Ordering::Relaxed);
     let cpu0 = cpu_seconds();
+    let broker_cpu0 = process_cpu_seconds(broker.pid());
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let mut publishers = Vec::new();
@@ -317,6 +348,8 @@ fn direct(broker: &Broker, a: &Args) -> Outcome {
         name: "the same broker directly with rdkafka (produce, poll, commit)",
         seconds: started.elapsed().as_secs_f64(),
         cpu: cpu_seconds() - cpu0,
+        broker_cpu: process_cpu_seconds(broker.pid()) - broker_cpu0,
+        server_cpu: f64::NAN,
     }
 }
 
@@ -340,11 +373,13 @@ fn main() {
     let unimesh = through_unimesh(&broker, &a);
     for o in [&direct, &unimesh] {
         println!(
-            "kafka_load: {}: {:.2} s, {:.0} events/s; load client CPU {:.2} s",
+            "kafka_load: {}: {:.2} s, {:.0} events/s; CPU: load client {:.2} s, broker {:.2} s, unimesh {:.2} s",
             o.name,
             o.seconds,
             a.events as f64 / o.seconds,
-            o.cpu
+            o.cpu,
+            o.broker_cpu,
+            o.server_cpu
         );
     }
     println!(

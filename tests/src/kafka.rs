@@ -147,6 +147,11 @@ impl Broker {
         b
     }
 
+    /// The broker process's id (a measurement reads its CPU time from /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `HOST:PORT` for `bootstrap.servers`.
     pub fn brokers(&self) -> String {
         self.addr.to_string()

@@ -391,6 +391,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// The running process's id (a measurement reads its CPU time from /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts a server with the default configuration.
     pub fn start_default() -> Self {
         Self::start(Options::new())
