@@ -682,9 +682,12 @@ fn restart_fetcher(
 ) -> Option<KafkaResult<()>> {
     let topic = ctx.topic.as_str();
     let mut tpl = TopicPartitionList::new();
+    // The partitions whose fetchers start again.
+    let mut resumed = TopicPartitionList::new();
     let restarted = match consumer.rebalance_protocol() {
         RebalanceProtocol::Cooperative => {
             tpl.add_partition(topic, partition as i32);
+            resumed.add_partition(topic, partition as i32);
             if let Err(e) = consumer.incremental_unassign(&tpl) {
                 return Some(Err(e));
             }
@@ -703,9 +706,9 @@ fn restart_fetcher(
                 } else {
                     part.buffer.clear();
                     part.buffered_bytes = 0;
-                    part.paused = false;
                     part.base
                 };
+                resumed.add_partition(topic, p as i32);
                 if let Err(e) =
                     tpl.add_partition_offset(topic, p as i32, KOffset::Offset(at as i64))
                 {
@@ -716,12 +719,17 @@ fn restart_fetcher(
         }
     };
     if restarted.is_ok() {
-        let mut one = TopicPartitionList::new();
-        one.add_partition(topic, partition as i32);
-        // A partition paused before it stopped fetches again (resuming a running one is a no-op).
-        let _ = consumer.resume(&one);
-        if let Some(part) = parts.get_mut(&partition) {
-            part.paused = false;
+        // A partition paused before it stopped fetches again (resuming a running one is a
+        // no-op); the buffers are empty, so none is over its pause mark.
+        let _ = consumer.resume(&resumed);
+        let eager = !matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        for (&p, part) in parts.iter_mut() {
+            if eager || p == partition {
+                part.paused = false;
+            }
         }
         tracing::info!(group = %ctx.group, partition, from, "partition fetcher restarted");
     }
