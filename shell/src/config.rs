@@ -81,6 +81,7 @@ pub struct Config {
     pub state: State,
     pub engine: Engine,
     pub mesh: Mesh,
+    pub kafka: Kafka,
 }
 
 /// Bounds on what one HTTP request may ask for. Every one is checked before work is done.
@@ -210,6 +211,74 @@ pub struct Storage {
 pub enum StorageBackend {
     /// A partitioned durable log on RocksDB inside `data`.
     Embedded,
+    /// A Kafka cluster (`[kafka]`): several instances share it, and Kafka's group
+    /// coordinator decides which instance serves which partition.
+    Kafka,
+}
+
+/// The Kafka backend (`storage.backend = "kafka"`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kafka {
+    /// Bootstrap brokers, `HOST:PORT,HOST:PORT` (flag `--kafka-brokers`).
+    pub brokers: String,
+    /// This instance's name in `/admin/offsets` (which instance owns which partition);
+    /// empty: `unimesh-<traffic port>-<pid>`.
+    pub instance: String,
+    /// Replication factor of the topics the mesh creates (partitions:
+    /// `storage.default_partitions`).
+    pub replication: u32,
+    /// The compacted topic holding each (group, topic, partition)'s ACK ranges and attempt
+    /// counts above the committed offset.
+    pub progress_topic: String,
+    /// The compacted topic holding the subscription groups' definitions, shared by every
+    /// instance (a group created on one is served by all).
+    pub subscriptions_topic: String,
+    /// Prefix of every consumer `group.id`: `<prefix><group>`.
+    pub group_prefix: String,
+    /// Most ACK ranges (and attempt counts) one progress record keeps; beyond it the
+    /// watermark stays exact and the excess ranges are dropped (more duplicates after a
+    /// takeover, never loss; counted in `/metrics`).
+    pub max_progress_ranges: usize,
+    /// How long a broker request (metadata, topic creation, commit, delivery report) may
+    /// take before it fails.
+    pub request_timeout_ms: u64,
+    /// librdkafka properties passed through to every client (`"linger.ms" = "5"`); env
+    /// `UNIMESH_KAFKA_PROPERTIES="linger.ms=5,socket.timeout.ms=3000"` (laid over the file's,
+    /// property by property). They cannot turn off
+    /// what the contract needs (`acks`, idempotence, auto-commit).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for Kafka {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".to_owned(),
+            instance: String::new(),
+            replication: 1,
+            progress_topic: "unimesh.progress".to_owned(),
+            subscriptions_topic: "unimesh.subscriptions".to_owned(),
+            group_prefix: "unimesh.".to_owned(),
+            max_progress_ranges: 1_000,
+            request_timeout_ms: 10_000,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// The key of the pass-through table: any property name is allowed in it.
+const KAFKA_PROPERTIES_KEY: &str = "kafka.properties";
+
+/// `k=v,k=v` as a table of strings (the environment form of `kafka.properties`).
+fn parse_properties(text: &str) -> Result<Table, String> {
+    let mut out = Table::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(format!("{pair:?} is not NAME=VALUE"));
+        };
+        out.insert(k.trim().to_owned(), Value::String(v.trim().to_owned()));
+    }
+    Ok(out)
 }
 
 /// The state store (epoch, progress, attempt ledger, subscriptions, DLQ ledger).
@@ -299,6 +368,7 @@ impl Default for Config {
             },
             engine: Engine::from(&crate::engine::EngineConfig::default()),
             mesh: Mesh::from(&MeshConfig::default()),
+            kafka: Kafka::default(),
         }
     }
 }
@@ -407,7 +477,8 @@ impl Config {
             max_outstanding_persists: m.max_outstanding_persists,
             client_idle_timeout_ms: m.client_idle_timeout_ms,
             max_replay_per_group: m.max_replay_per_group,
-            commit_to_broker: false,
+            // Kafka keeps group offsets: the committed offset is the group's watermark.
+            commit_to_broker: self.storage.backend == StorageBackend::Kafka,
             limits: self.subscription_limits(),
         }
     }
@@ -624,6 +695,40 @@ impl Config {
         if s.retention_check_ms == 0 {
             return bad("storage.retention_check_ms", "must be at least 1".into());
         }
+        let k = &self.kafka;
+        if s.backend == StorageBackend::Kafka {
+            if k.brokers.split(',').all(|b| b.trim().is_empty()) {
+                return bad("kafka.brokers", "must name at least one HOST:PORT".into());
+            }
+            if k.replication == 0 {
+                return bad("kafka.replication", "must be at least 1".into());
+            }
+            for (key, topic) in [
+                ("kafka.progress_topic", &k.progress_topic),
+                ("kafka.subscriptions_topic", &k.subscriptions_topic),
+            ] {
+                if let Err(e) = unimesh_core::TopicName::new(topic) {
+                    return bad(key, format!("is not a topic name: {e}"));
+                }
+            }
+            if k.progress_topic == k.subscriptions_topic {
+                return bad(
+                    "kafka.subscriptions_topic",
+                    "must differ from kafka.progress_topic".into(),
+                );
+            }
+            if k.request_timeout_ms == 0 {
+                return bad("kafka.request_timeout_ms", "must be at least 1".into());
+            }
+            for fixed in crate::kafka::FIXED_PROPERTIES {
+                if k.properties.contains_key(*fixed) {
+                    return bad(
+                        &format!("kafka.properties.{fixed}"),
+                        "is set by the mesh (the delivery contract depends on it)".into(),
+                    );
+                }
+            }
+        }
         let e = &self.engine;
         for (key, v) in [
             ("engine.fetch_max_bytes", e.fetch_max_bytes),
@@ -702,6 +807,10 @@ pub struct Overrides {
     pub http: Option<String>,
     pub admin: Option<String>,
     pub data: Option<PathBuf>,
+    /// `--storage`: `storage.backend`.
+    pub storage: Option<String>,
+    /// `--kafka-brokers`: `kafka.brokers`.
+    pub kafka_brokers: Option<String>,
 }
 
 /// The result of [`load`]: the configuration and what it was made of, for the startup log.
@@ -745,16 +854,23 @@ where
     }
     let unknown_env = apply_env(&mut table, &env)?;
     let flags = [
-        ("http", overrides.http.clone()),
-        ("admin", overrides.admin.clone()),
+        ("http", "http", overrides.http.clone()),
+        ("admin", "admin", overrides.admin.clone()),
         (
+            "data",
             "data",
             overrides.data.as_ref().map(|p| p.display().to_string()),
         ),
+        ("storage.backend", "storage", overrides.storage.clone()),
+        (
+            "kafka.brokers",
+            "kafka-brokers",
+            overrides.kafka_brokers.clone(),
+        ),
     ];
-    for (key, value) in flags {
+    for (key, flag, value) in flags {
         if let Some(value) = value {
-            set_from_text(&mut table, key, &value, &format!("flag --{key}"))?;
+            set_from_text(&mut table, key, &value, &format!("flag --{flag}"))?;
         }
     }
     for key in ["http", "admin"] {
@@ -811,6 +927,24 @@ fn merge_file(base: &mut Table, file: Table, path: &Path, prefix: &str) -> Resul
         };
         let origin = || format!("config file {}", path.display());
         match (slot, value) {
+            (Value::Table(sub), Value::Table(v)) if full == KAFKA_PROPERTIES_KEY => {
+                for (name, v) in v {
+                    let text = match v {
+                        Value::String(s) => s,
+                        Value::Integer(i) => i.to_string(),
+                        Value::Boolean(b) => b.to_string(),
+                        other => {
+                            return Err(ConfigError::WrongType {
+                                origin: origin(),
+                                key: format!("{full}.{name}"),
+                                expected: "a string, an integer or a boolean",
+                                found: format!("{} {other}", type_name(&other)),
+                            })
+                        }
+                    };
+                    sub.insert(name, Value::String(text));
+                }
+            }
             (Value::Table(sub), Value::Table(v)) => merge_file(sub, v, path, &full)?,
             (slot, value) => {
                 let value = conform(slot, value).map_err(|found| ConfigError::WrongType {
@@ -860,6 +994,7 @@ fn leaf_keys(table: &Table, prefix: &str, out: &mut Vec<String>) {
             format!("{prefix}.{key}")
         };
         match value {
+            Value::Table(_) if full == KAFKA_PROPERTIES_KEY => out.push(full),
             Value::Table(sub) => leaf_keys(sub, &full, out),
             _ => out.push(full),
         }
@@ -930,6 +1065,14 @@ fn set_from_text(
                     "false" | "0" => Value::Boolean(false),
                     _ => return Err(wrong("true or false")),
                 },
+                // Laid over the file's table property by property.
+                Value::Table(t) if key == KAFKA_PROPERTIES_KEY => {
+                    let mut merged = t.clone();
+                    merged.extend(
+                        parse_properties(text).map_err(|_| wrong("NAME=VALUE,NAME=VALUE"))?,
+                    );
+                    Value::Table(merged)
+                }
                 _ => Value::String(text.to_owned()),
             };
             return Ok(());
@@ -999,6 +1142,7 @@ impl fmt::Display for StorageBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             StorageBackend::Embedded => "embedded",
+            StorageBackend::Kafka => "kafka",
         })
     }
 }
@@ -1280,5 +1424,73 @@ mod tests {
         assert_eq!(env_name("limits.max_wait_ms"), "UNIMESH_LIMITS_MAX_WAIT_MS");
         let names: std::collections::BTreeSet<_> = keys.iter().map(|k| env_name(k)).collect();
         assert_eq!(names.len(), keys.len(), "env names are unambiguous");
+    }
+
+    /// Goal: the Kafka backend is chosen and configured through every layer. Method: flags
+    /// pick it and its brokers; the pass-through table takes any property from the file
+    /// and from `UNIMESH_KAFKA_PROPERTIES`; a property the contract depends on is refused
+    /// with the key named.
+    #[test]
+    fn kafka_backend_from_flags_file_and_env() {
+        let overrides = Overrides {
+            storage: Some("kafka".into()),
+            kafka_brokers: Some("127.0.0.1:19092".into()),
+            ..Overrides::default()
+        };
+        let c = load(&overrides, env(&[])).expect("loads").config;
+        assert_eq!(c.storage.backend, StorageBackend::Kafka);
+        assert_eq!(c.kafka.brokers, "127.0.0.1:19092");
+        assert!(
+            c.mesh_config().commit_to_broker,
+            "Kafka keeps group offsets"
+        );
+
+        let f = file("[storage]\nbackend = \"kafka\"\n[kafka.properties]\n\"linger.ms\" = 5\n\"client.rack\" = \"r1\"\n");
+        let c = load(
+            &with_file(&f),
+            env(&[(
+                "UNIMESH_KAFKA_PROPERTIES",
+                "socket.keepalive.enable=true, linger.ms=7",
+            )]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(
+            c.kafka.properties.get("client.rack").map(String::as_str),
+            Some("r1")
+        );
+        assert_eq!(
+            c.kafka.properties.get("linger.ms").map(String::as_str),
+            Some("7")
+        );
+        assert_eq!(
+            c.kafka
+                .properties
+                .get("socket.keepalive.enable")
+                .map(String::as_str),
+            Some("true")
+        );
+
+        let f = file("[storage]\nbackend = \"kafka\"\n[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("kafka.properties.enable.auto.commit"), "{err}");
+
+        let err = load(
+            &Overrides::default(),
+            env(&[
+                ("UNIMESH_STORAGE_BACKEND", "kafka"),
+                ("UNIMESH_KAFKA_BROKERS", " "),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("kafka.brokers"), "{err}");
+        let err = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_KAFKA_PROPERTIES", "nonsense")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("UNIMESH_KAFKA_PROPERTIES"), "{err}");
     }
 }

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
-use unimesh_shell::config::{self, Config, Overrides, StateBackend, ENV_PREFIX};
+use unimesh_shell::config::{self, Config, Overrides, StateBackend, StorageBackend, ENV_PREFIX};
 use unimesh_shell::engine::{self, LogPort, StatePort, StoreAdapter};
 use unimesh_shell::http::{App, Server};
+use unimesh_shell::kafka::{KafkaLog, KafkaSettings, KafkaState};
 use unimesh_shell::log::EmbeddedLog;
 use unimesh_shell::state::{MemoryDisk, MemoryStore, RocksStore, SledStore, StateStore};
 
@@ -55,6 +56,12 @@ struct ServeArgs {
     /// TOML configuration file (env UNIMESH_CONFIG).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Where events are stored: `embedded` (default) or `kafka` (env UNIMESH_STORAGE_BACKEND).
+    #[arg(long, value_name = "BACKEND")]
+    storage: Option<String>,
+    /// Kafka bootstrap brokers, HOST:PORT,... (env UNIMESH_KAFKA_BROKERS).
+    #[arg(long, value_name = "HOST:PORT,...")]
+    kafka_brokers: Option<String>,
     /// Print the effective configuration (defaults, file, UNIMESH_* variables and flags
     /// merged and checked) as TOML, and exit without serving.
     #[arg(long)]
@@ -79,6 +86,8 @@ fn main() -> ExitCode {
         http: args.http,
         admin: args.admin,
         data: args.data,
+        storage: args.storage,
+        kafka_brokers: args.kafka_brokers,
     };
     let loaded = match config::load(&overrides, env) {
         Ok(l) => l,
@@ -193,8 +202,26 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
-    let admin = server.admin_addr().map_err(|e| e.to_string())?;
 
+    let state = open_state(&cfg)?;
+    if cfg.storage.backend == StorageBackend::Kafka {
+        let settings = KafkaSettings::from_config(&cfg, traffic.port());
+        tracing::info!(
+            brokers = %settings.brokers,
+            instance = %settings.instance,
+            progress_topic = %settings.progress_topic,
+            state = %cfg.state.backend,
+            "storage on Kafka; data directory {} holds the local state", data.display()
+        );
+        let kafka = KafkaLog::open(settings)
+            .await
+            .map_err(|e| format!("cannot use Kafka at {}: {e}", cfg.kafka.brokers))?;
+        kafka.spawn_offsets_refresh(Duration::from_secs(1));
+        let state_port: Arc<dyn StatePort> =
+            Arc::new(KafkaState::new(StoreAdapter::new(state), kafka.clone()));
+        let log_port: Arc<dyn LogPort> = Arc::new(kafka.clone());
+        return run(cfg, server, log_port, state_port, Some(kafka)).await;
+    }
     let log_cfg = cfg.log_config();
     let log = EmbeddedLog::open(log_cfg.clone()).map_err(|e| {
         format!(
@@ -202,7 +229,6 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
             log_cfg.dir.display()
         )
     })?;
-    let state = open_state(&cfg)?;
     tracing::info!(
         data = %data.display(),
         storage = %cfg.storage.backend,
@@ -219,8 +245,24 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
 
     let log_port: Arc<dyn LogPort> = Arc::new(log);
     let state_port: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(state));
-    let (engine, engine_task) = engine::start(cfg.engine_config(), log_port, state_port)
+    run(cfg, server, log_port, state_port, None).await
+}
+
+/// Runs the engine and the servers until a stop signal, then stops gracefully.
+async fn run(
+    cfg: Config,
+    server: Server,
+    log_port: Arc<dyn LogPort>,
+    state_port: Arc<dyn StatePort>,
+    kafka: Option<KafkaLog>,
+) -> Result<(), String> {
+    let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
+    let admin = server.admin_addr().map_err(|e| e.to_string())?;
+    let (engine, engine_task) = engine::start(cfg.engine_config(), log_port.clone(), state_port)
         .map_err(|e| format!("cannot start the engine: {e}"))?;
+    if let Some(k) = &kafka {
+        unimesh_shell::kafka::watch_subscriptions(k, engine.clone())?;
+    }
 
     tracing::info!(addr = %traffic, "traffic API listening on http://{traffic}");
     tracing::info!(addr = %admin, "admin API listening on http://{admin} (metrics at /metrics)");
@@ -254,6 +296,9 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         "no longer accepting connections; finishing open requests"
     );
     let connections = tokio::spawn(draining.finish());
+    // A broker with consumer groups: leave them now, while the engine still runs, so each
+    // revocation flushes and commits the group's progress (the next owner resumes exactly).
+    log_port.close().await;
     match engine.shutdown().await {
         Ok(()) => tracing::info!("engine flushed its progress"),
         Err(e) => tracing::warn!(error = %e, "engine shutdown"),

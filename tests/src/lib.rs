@@ -29,6 +29,8 @@ pub mod sse;
 
 pub use serde_json::{json, Value};
 
+pub mod kafka;
+
 /// How long a server may take to answer `/admin/ready` after it was started. Generous: a
 /// debug build opening RocksDB on a loaded two-core machine can take seconds.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -429,6 +431,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// The running process's id (a measurement reads its CPU time from /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts a server with the default configuration.
     pub fn start_default() -> Self {
         Self::start(Options::new())

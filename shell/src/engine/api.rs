@@ -72,6 +72,8 @@ pub struct OffsetRow {
     /// end - watermark.
     pub lag: u64,
     pub in_flight: u64,
+    /// The instance serving the partition (this one), when several share the broker.
+    pub owner: Option<String>,
 }
 
 #[derive(Clone, Debug)]

@@ -96,4 +96,11 @@ pub(crate) enum Event {
         ticket: Ticket,
         result: Result<(), String>,
     },
+    /// A revocation's flush finished (or failed): drop the lanes, then answer the broker.
+    RevokeFlushed {
+        group: GroupName,
+        partitions: Vec<Partition>,
+        flushed: Result<(), String>,
+        done: std::sync::mpsc::SyncSender<()>,
+    },
 }

@@ -19,6 +19,8 @@ pub mod ports;
 mod records;
 mod stream;
 mod tap;
+#[cfg(not(madsim))]
+pub(crate) use records::decode_record;
 mod task;
 
 #[cfg(test)]
@@ -39,7 +41,8 @@ pub use api::{
 };
 pub use handle::EngineHandle;
 pub use ports::{
-    AppendError, BoxFut, LogMetrics, LogPort, LogRead, MemoryLog, StatePort, StoreAdapter,
+    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, MemoryLog,
+    StatePort, StoreAdapter,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -155,6 +158,11 @@ pub fn start_observed(
     );
     task.start = start;
     task.tap = tap;
+    if log.assigns_partitions() {
+        let (group_tx, group_rx) = mpsc::channel(1_024);
+        log.attach(group_tx);
+        task.group_events = Some(group_rx);
+    }
     task.assign_recovered()?;
     tracing::info!(epoch, "engine started");
 

@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use madsim_tokio as tokio;
-use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, TopicName};
+use tokio::sync::mpsc;
+use unimesh_core::{
+    Assignment, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
+};
 
 use crate::log::AppendItem;
 #[cfg(feature = "rocksdb")]
@@ -23,7 +26,13 @@ pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogRead {
     Records(Vec<(Offset, Bytes)>),
-    OutOfRange { earliest: Offset, end: Offset },
+    /// Records the port already decoded (a broker whose records are not in the stored
+    /// form, such as Kafka's CloudEvents binding): undecodable ones carry their reason.
+    Decoded(Vec<Record>),
+    OutOfRange {
+        earliest: Offset,
+        end: Offset,
+    },
     Failed(String),
 }
 
@@ -53,15 +62,57 @@ pub struct LogMetrics {
     pub write_failures: u64,
     /// Bytes of table files on disk, if the log can tell.
     pub disk_bytes: Option<u64>,
+    /// What a broker with consumer groups counts (the Kafka backend).
+    pub broker: Option<BrokerMetrics>,
+}
+
+/// Counters of a broker with consumer groups, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BrokerMetrics {
+    /// Rebalance callbacks (assignments and revocations) run.
+    pub rebalances: u64,
+    /// Writes the broker refused or did not acknowledge (each publish answered 503).
+    pub producer_errors: u64,
+    /// Fetches answered "offset out of range" (the core repositions and reports it).
+    pub out_of_range: u64,
+    /// Offset commits that failed (the next commit carries the watermark).
+    pub commit_failures: u64,
+    /// ACK ranges and attempt counts left out of progress records to keep them bounded.
+    pub progress_ranges_dropped: u64,
+}
+
+/// What a broker that assigns partitions itself (Kafka's group coordinator) tells the
+/// engine about a group it joined through [`LogPort::join`].
+#[derive(Debug)]
+pub enum GroupEvent {
+    /// The group now owns these partitions here, each with the progress read for it.
+    Assigned {
+        group: GroupName,
+        partitions: Vec<Assignment>,
+    },
+    /// The group is losing these partitions. The engine makes the group's progress durable
+    /// (which commits it), stops every effect for them, then answers `done`; the broker
+    /// hands them on only after that answer. When `lost` (the broker already gave them to
+    /// another instance: a session timeout), nothing is written for them any more — a
+    /// late write of this zombie would overwrite the new owner's progress.
+    Revoking {
+        group: GroupName,
+        partitions: Vec<Partition>,
+        lost: bool,
+        done: std::sync::mpsc::SyncSender<()>,
+    },
 }
 
 /// The broker as the engine uses it.
 pub trait LogPort: Send + Sync + 'static {
-    /// Up to `max` records (about `max_bytes`) from `from`. When `from` is the end, waits up
+    /// Up to `max` records (about `max_bytes`) from `from`, read for `group` (a broker with
+    /// consumer groups reads through the group's consumer). When `from` is the end, waits up
     /// to `wait_ms` for new records before answering empty, so the engine can ask again at
     /// once without spinning.
+    #[allow(clippy::too_many_arguments)]
     fn fetch(
         &self,
+        group: GroupName,
         topic: TopicName,
         partition: Partition,
         from: Offset,
@@ -101,6 +152,47 @@ pub trait LogPort: Send + Sync + 'static {
     /// Counters for `/metrics`, when the log keeps them. Cheap: called at every scrape.
     fn metrics(&self) -> Option<LogMetrics> {
         None
+    }
+
+    /// True when the broker assigns partitions to groups ([`LogPort::join`] and
+    /// [`GroupEvent`]); false when this instance owns every partition (the engine assigns
+    /// them all at subscribe).
+    fn assigns_partitions(&self) -> bool {
+        false
+    }
+
+    /// Where [`GroupEvent`]s go; called once, before any `join`.
+    fn attach(&self, _events: mpsc::Sender<GroupEvent>) {}
+
+    /// Joins `group` (reading `topic`) at the broker; its partitions arrive as
+    /// [`GroupEvent::Assigned`].
+    fn join(&self, _group: &GroupName, _topic: &TopicName) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Leaves `group` at the broker (the group was deleted).
+    fn leave(&self, _group: &GroupName) {}
+
+    /// Commits `group`'s durable watermark of a partition to the broker.
+    fn commit(
+        &self,
+        _group: &GroupName,
+        _topic: &TopicName,
+        _partition: Partition,
+        _offset: Offset,
+    ) {
+    }
+
+    /// This instance's name, when several instances share the broker (shown as the owner
+    /// of the partitions it holds).
+    fn instance(&self) -> Option<String> {
+        None
+    }
+
+    /// Stops every consumer (revoking what they hold, so the progress is committed); called
+    /// once at shutdown, after the engine flushed.
+    fn close(&self) -> BoxFut<()> {
+        Box::pin(async {})
     }
 }
 
@@ -153,6 +245,7 @@ fn append_error(e: LogError) -> AppendError {
 impl LogPort for EmbeddedLog {
     fn fetch(
         &self,
+        _group: GroupName,
         topic: TopicName,
         partition: Partition,
         from: Offset,
@@ -231,6 +324,7 @@ impl LogPort for EmbeddedLog {
             synced_writes: stats.synced_writes,
             write_failures: stats.write_failures,
             disk_bytes: self.disk_bytes().ok(),
+            broker: None,
         })
     }
 }
@@ -350,6 +444,7 @@ impl MemoryLog {
 impl LogPort for Arc<MemoryLog> {
     fn fetch(
         &self,
+        _group: GroupName,
         topic: TopicName,
         partition: Partition,
         from: Offset,

@@ -21,6 +21,7 @@ mod attrs;
 mod delivery;
 mod error;
 mod json;
+mod kafka;
 mod publish;
 mod stored;
 
@@ -30,6 +31,7 @@ pub use delivery::{
     delivery_event_json, to_binary_request_parts, OFFSET_EXTENSION, PARTITION_EXTENSION,
 };
 pub use error::{DecodeError, Field, PublishError, PublishErrorKind};
+pub use kafka::{from_kafka, to_kafka, KafkaRecord, KAFKA_HEADER_PREFIX};
 pub use publish::{
     parse_publish, publish_mode, PublishLimits, PublishMode, BATCH_MEDIA_TYPE,
     STRUCTURED_MEDIA_TYPE,

@@ -162,7 +162,7 @@ fn check_charset(ct: &str) -> Result<(), PublishError> {
     Ok(())
 }
 
-fn parse_binary(
+pub(super) fn parse_binary(
     headers: &HeaderMap,
     body: &[u8],
     limits: &PublishLimits,

@@ -457,6 +457,10 @@ pub(super) struct OffsetView {
     /// `end - watermark`.
     lag: u64,
     in_flight: u64,
+    /// Which instance serves the partition (Kafka backend: Kafka's group coordinator
+    /// decided); absent when one instance owns the log whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 impl OffsetView {
@@ -473,6 +477,7 @@ impl OffsetView {
             ack_ranges: r.ack_ranges.clone(),
             lag: r.lag,
             in_flight: r.in_flight,
+            owner: r.owner.clone(),
         }
     }
 }

@@ -10,9 +10,13 @@
 //!   `unimesh_acked_total`, `unimesh_nacked_total`, `unimesh_redelivered_total`,
 //!   `unimesh_dead_lettered_total`, `unimesh_expired_total`, `unimesh_in_flight{group,partition}`,
 //!   `unimesh_lag{group,partition}`, and a few engine-wide counters;
-//! - what the log reports (embedded log only): `unimesh_log_records_appended_total`,
+//! - what the log reports: `unimesh_log_records_appended_total`,
 //!   `unimesh_log_synced_writes_total` (their ratio is the group-commit batch size),
-//!   `unimesh_log_write_failures_total`, `unimesh_log_disk_bytes`.
+//!   `unimesh_log_write_failures_total`, `unimesh_log_disk_bytes`; and on Kafka
+//!   `unimesh_kafka_rebalances_total`, `unimesh_kafka_producer_errors_total`,
+//!   `unimesh_kafka_out_of_range_total`, `unimesh_kafka_commit_failures_total`,
+//!   `unimesh_kafka_progress_ranges_dropped_total` (`unimesh_lag` is then the broker's end
+//!   offset, read every second, minus the watermark).
 //!
 //! The group totals are sums over the groups that exist at scrape time plus the groups
 //! deleted since the process started, so deleting a group never lowers them (they restart
@@ -294,6 +298,39 @@ impl Collector for SnapshotCollector {
                 let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                 ConstCounter::new(v).encode(m)?;
             }
+            if let Some(b) = &log.broker {
+                let counters: [(&str, &str, u64); 5] = [
+                    (
+                        "unimesh_kafka_rebalances",
+                        "Kafka rebalance callbacks run (assignments and revocations)",
+                        b.rebalances,
+                    ),
+                    (
+                        "unimesh_kafka_producer_errors",
+                        "Writes the Kafka broker refused or did not acknowledge",
+                        b.producer_errors,
+                    ),
+                    (
+                        "unimesh_kafka_out_of_range",
+                        "Fetches answered offset-out-of-range (repositioned and reported)",
+                        b.out_of_range,
+                    ),
+                    (
+                        "unimesh_kafka_commit_failures",
+                        "Offset commits to Kafka that failed (the next one carries the watermark)",
+                        b.commit_failures,
+                    ),
+                    (
+                        "unimesh_kafka_progress_ranges_dropped",
+                        "ACK ranges and attempt counts left out of progress records (bounded)",
+                        b.progress_ranges_dropped,
+                    ),
+                ];
+                for (name, help, v) in counters {
+                    let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                    ConstCounter::new(v).encode(m)?;
+                }
+            }
             if let Some(bytes) = log.disk_bytes {
                 let m = encoder.encode_descriptor(
                     "unimesh_log_disk_bytes",
@@ -354,6 +391,13 @@ mod tests {
                 synced_writes: 7,
                 write_failures: 2,
                 disk_bytes: Some(4096),
+                broker: Some(crate::engine::BrokerMetrics {
+                    rebalances: 4,
+                    producer_errors: 1,
+                    out_of_range: 0,
+                    commit_failures: 0,
+                    progress_ranges_dropped: 9,
+                }),
             }),
         };
         let text = m.render(Some(snapshot.clone()));
@@ -362,6 +406,9 @@ mod tests {
             "unimesh_log_synced_writes_total 7\n",
             "unimesh_log_write_failures_total 2\n",
             "unimesh_log_disk_bytes 4096\n",
+            "unimesh_kafka_rebalances_total 4\n",
+            "unimesh_kafka_producer_errors_total 1\n",
+            "unimesh_kafka_progress_ranges_dropped_total 9\n",
             "unimesh_epoch 3\n",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");

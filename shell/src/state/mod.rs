@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use unimesh_core::{DlqKey, Epoch, GroupName, PersistBatch, RateRule, Recovered, TopicName};
 
-mod codec;
+pub(crate) mod codec;
 mod keys;
 mod memory;
 #[cfg(feature = "rocksdb")]

@@ -296,7 +296,7 @@ impl EngineTask {
             return Err(refusal(r, &group));
         }
         if !existed {
-            self.assign_all(&group, &topic)?;
+            self.place_group(&group, &topic)?;
         }
         self.finish_pending();
         Ok(!existed)
@@ -310,6 +310,7 @@ impl EngineTask {
             let _ = reply.send(Err(refusal(r, &group)));
             return;
         }
+        self.log.leave(&group);
         for key in self.polls.keys(Some(&group)) {
             if let Some(w) = self.polls.take(&key) {
                 let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));

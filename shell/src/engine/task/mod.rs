@@ -30,7 +30,7 @@ use unimesh_core::{
 
 use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
-use super::ports::{LogPort, LogRead};
+use super::ports::{GroupEvent, LogPort, LogRead};
 use super::records::decode_record;
 use super::stream::Notice;
 use super::tap::EngineTap;
@@ -48,6 +48,8 @@ pub(crate) struct EngineTask {
     pub notices_tx: mpsc::UnboundedSender<Notice>,
     pub notices_rx: mpsc::UnboundedReceiver<Notice>,
     pub persist_tx: mpsc::Sender<(Ticket, Arc<PersistBatch>)>,
+    /// Assignments and revocations from a broker that assigns partitions itself.
+    pub group_events: Option<mpsc::Receiver<GroupEvent>>,
     pub fetch_wait_ms: u64,
     pub fetch_max_bytes: usize,
     polls: Polls,
@@ -96,6 +98,7 @@ impl EngineTask {
             notices_tx: notices.0,
             notices_rx: notices.1,
             persist_tx,
+            group_events: None,
             fetch_wait_ms,
             fetch_max_bytes,
             polls: Polls::default(),
@@ -174,6 +177,20 @@ impl EngineTask {
         response
     }
 
+    /// Gives `group` its partitions: every partition of `topic` when this instance owns the
+    /// log whole, else whatever the broker's group coordinator assigns (later, as
+    /// [`GroupEvent`]s).
+    fn place_group(&mut self, group: &GroupName, topic: &TopicName) -> Result<(), EngineError> {
+        if self.log.assigns_partitions() {
+            self.log.ensure_topic(topic).map_err(topic_error)?;
+            return self
+                .log
+                .join(group, topic)
+                .map_err(EngineError::Unavailable);
+        }
+        self.assign_all(group, topic)
+    }
+
     /// Assigns every partition of `topic` to `group` (the embedded log is owned whole by
     /// this instance).
     fn assign_all(&mut self, group: &GroupName, topic: &TopicName) -> Result<(), EngineError> {
@@ -212,7 +229,7 @@ impl EngineTask {
             })
             .collect();
         for (group, topic) in groups {
-            self.assign_all(&group, &topic)?;
+            self.place_group(&group, &topic)?;
         }
         self.drain();
         Ok(())
@@ -226,6 +243,7 @@ impl EngineTask {
                 biased;
                 Some(event) = self.events_rx.recv() => self.on_event(event),
                 Some(notice) = self.notices_rx.recv() => self.on_notice(notice),
+                Some(event) = recv_opt(&mut self.group_events) => self.on_group_event(event),
                 command = self.commands.recv() => match command {
                     Some(c) => self.on_command(c),
                     None => break,
@@ -361,8 +379,14 @@ impl EngineTask {
                         "the log lost its tail; the group restarts at its new end"
                     ),
                 },
-                // The embedded log keeps no broker-side group offsets and is not a POP broker.
-                Effect::Commit { .. } | Effect::BrokerAck { .. } => {}
+                Effect::Commit {
+                    group,
+                    topic,
+                    partition,
+                    offset,
+                } => self.log.commit(&group, &topic, partition, offset),
+                // No log of this shell is a POP broker.
+                Effect::BrokerAck { .. } => {}
                 other => tracing::warn!(?other, "effect not handled by this shell"),
             }
         }
@@ -400,12 +424,21 @@ impl EngineTask {
         let (wait_ms, max_bytes) = (self.fetch_wait_ms, self.fetch_max_bytes);
         tokio::spawn(async move {
             let read = log
-                .fetch(topic, partition, from, max, max_bytes, wait_ms)
+                .fetch(
+                    group.clone(),
+                    topic,
+                    partition,
+                    from,
+                    max,
+                    max_bytes,
+                    wait_ms,
+                )
                 .await;
             let result = match read {
                 LogRead::Records(records) => {
                     FetchResult::Records(records.into_iter().map(decode_record).collect())
                 }
+                LogRead::Decoded(records) => FetchResult::Records(records),
                 LogRead::OutOfRange { earliest, end } => FetchResult::OutOfRange { earliest, end },
                 LogRead::Failed(reason) => {
                     tracing::warn!(%reason, "fetch failed; the core retries");
@@ -443,8 +476,85 @@ impl EngineTask {
 
     // ----- completions -----
 
+    /// The broker moved partitions of a group. A revocation first makes the group's
+    /// progress durable (the persist commits it), then drops the lanes, then answers the
+    /// broker: so the next owner reads exactly this progress, and nothing of this instance
+    /// touches the partitions afterwards.
+    fn on_group_event(&mut self, event: GroupEvent) {
+        match event {
+            GroupEvent::Assigned { group, partitions } => {
+                let listed: Vec<Partition> = partitions.iter().map(|a| a.partition).collect();
+                match self.handle(Input::PartitionsAssigned {
+                    group: group.clone(),
+                    partitions,
+                }) {
+                    Response::Refused(r) => {
+                        tracing::error!(%group, ?listed, reason = %r, "assignment refused")
+                    }
+                    _ => tracing::info!(%group, partitions = ?listed, "partitions assigned"),
+                }
+            }
+            GroupEvent::Revoking {
+                group,
+                partitions,
+                lost: true,
+                done,
+            } => {
+                // Dropped at once: what this instance did not persist yet is redelivered by
+                // the new owner (in flight, C2), and nothing of it reaches the stores.
+                let _ = self.handle(Input::PartitionsRevoked {
+                    group: group.clone(),
+                    partitions: partitions.clone(),
+                });
+                tracing::warn!(%group, ?partitions, "partitions lost to another instance");
+                let _ = done.try_send(());
+            }
+            GroupEvent::Revoking {
+                group,
+                partitions,
+                lost: false,
+                done,
+            } => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.flush_after(tx);
+                let events = self.events_tx.clone();
+                tokio::spawn(async move {
+                    let flushed = rx.await.map_err(|_| "the engine stopped".to_owned());
+                    let flushed = flushed.and_then(|r| r.map_err(|e| e.to_string()));
+                    let _ = events
+                        .send(Event::RevokeFlushed {
+                            group,
+                            partitions,
+                            flushed,
+                            done,
+                        })
+                        .await;
+                });
+            }
+        }
+        self.finish_pending();
+    }
+
     fn on_event(&mut self, event: Event) {
         match event {
+            Event::RevokeFlushed {
+                group,
+                partitions,
+                flushed,
+                done,
+            } => {
+                if let Err(reason) = flushed {
+                    // The next owner resumes from the last durable progress: duplicates of
+                    // what was ACKed since, never loss.
+                    tracing::warn!(%group, ?partitions, %reason, "progress not flushed before the revocation");
+                }
+                let _ = self.handle(Input::PartitionsRevoked {
+                    group: group.clone(),
+                    partitions: partitions.clone(),
+                });
+                tracing::info!(%group, ?partitions, "partitions revoked");
+                let _ = done.try_send(());
+            }
             Event::Fetched {
                 group,
                 partition,
@@ -480,6 +590,13 @@ impl EngineTask {
             }
         }
         self.finish_pending();
+    }
+}
+
+async fn recv_opt<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -9,6 +9,7 @@ use crate::engine::api::{EngineError, MetricsSnapshot, OffsetRow, SubscriptionIn
 impl EngineTask {
     fn rows(&self, view: &GroupView) -> Vec<OffsetRow> {
         let group = &view.spec.group;
+        let owner = self.log.instance();
         view.lanes
             .iter()
             .map(|l| {
@@ -28,6 +29,7 @@ impl EngineTask {
                     ack_ranges: l.ack_ranges.clone(),
                     lag: end.saturating_sub(l.watermark),
                     in_flight: l.in_flight as u64,
+                    owner: owner.clone(),
                 }
             })
             .collect()

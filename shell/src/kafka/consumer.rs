@@ -1,0 +1,871 @@
+//! One Kafka consumer per (instance, subscription group), on a thread of its own.
+//!
+//! The thread polls the consumer; librdkafka runs the rebalance callback inside that poll,
+//! so the callback may block the thread while the engine flushes a revoked partition's
+//! progress — exactly what "committed before the callback returns" needs, without blocking
+//! an async worker.
+//!
+//! Fetches (the core's `Fetch(from, max)`) are answered from a per-partition buffer of
+//! what the stream delivered. The rule that keeps offset gaps safe: a partition's `base` is
+//! an offset from which every record of the log either is in the buffer or is still to
+//! come from the stream, in order. A fetch from `from >= base` is answered from the stream
+//! (the first record it gets is the first record at or above `from` in the log, so the
+//! offsets skipped between are really absent: compaction, transaction markers); a fetch
+//! from below `base` seeks first. A partition with no fetch waiting and a full buffer is
+//! paused, so the broker backlog never becomes memory (C8).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use madsim_rdkafka::client::{ClientContext, NativeClient};
+use madsim_rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol,
+};
+use madsim_rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use madsim_rdkafka::message::{BorrowedMessage, Headers};
+use madsim_rdkafka::types::RDKafkaRespErr;
+use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
+use madsim_tokio as tokio;
+use tokio::sync::{mpsc, oneshot};
+use unimesh_core::{
+    Assignment, Checkpoint, GroupName, Offset, Partition, Record, RecordMeta, TopicName,
+};
+
+use super::log::{lock, KafkaLog};
+use crate::engine::{GroupEvent, LogRead};
+
+/// How long the consumer thread sleeps in a poll when nothing happens.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// Records buffered per partition beyond which a partition without a waiting fetch pauses.
+const PAUSE_AT_RECORDS: usize = 2_000;
+/// How long a revocation waits for the engine to flush before giving the partition up.
+const REVOKE_WAIT: Duration = Duration::from_secs(30);
+
+enum Control {
+    Commit {
+        partition: Partition,
+        offset: Offset,
+    },
+    Fetch(FetchRequest),
+    Stop,
+}
+
+struct FetchRequest {
+    partition: Partition,
+    from: Offset,
+    max: usize,
+    max_bytes: usize,
+    deadline: Instant,
+    reply: oneshot::Sender<LogRead>,
+}
+
+/// The handle the [`KafkaLog`] keeps of a group's consumer thread.
+pub(super) struct GroupConsumer {
+    control: std_mpsc::Sender<Control>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl GroupConsumer {
+    /// Creates the consumer, subscribes it to `topic` and starts its thread.
+    pub fn start(
+        log: KafkaLog,
+        group: GroupName,
+        topic: TopicName,
+        events: mpsc::Sender<GroupEvent>,
+    ) -> Result<Self, String> {
+        let (control, rx) = std_mpsc::channel();
+        let s = log.settings();
+        let mut config = s.client_config();
+        config
+            .set("group.id", s.group_id(group.as_str()))
+            .set("client.id", format!("{}-{}", s.instance, group))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            // An offset the log no longer has is the core's to handle (`OutOfRange`),
+            // never a silent jump.
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false");
+        if !s.properties.contains_key("partition.assignment.strategy") {
+            config.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        if !s.properties.contains_key("queued.max.messages.kbytes") {
+            config.set("queued.max.messages.kbytes", "8192");
+        }
+        let ctx = GroupContext {
+            log: log.clone(),
+            group: group.clone(),
+            topic: topic.clone(),
+            events,
+            me: OnceLock::new(),
+            parts: Mutex::new(BTreeMap::new()),
+            control: Mutex::new(rx),
+            held: Mutex::new(Vec::new()),
+        };
+        let consumer: BaseConsumer<GroupContext> = log
+            .inner
+            .runtime
+            .block_on_outside(config.create_with_context(ctx))
+            .map_err(|e| format!("cannot create the Kafka consumer of group {group}: {e}"))?;
+        let consumer = Arc::new(consumer);
+        let _ = consumer.context().me.set(Arc::downgrade(&consumer));
+        consumer
+            .subscribe(&[topic.as_str()])
+            .map_err(|e| format!("cannot subscribe group {group} to {topic}: {e}"))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("kafka-{group}"))
+            .spawn(move || run(consumer))
+            .map_err(|e| format!("cannot start the consumer thread: {e}"))?;
+        tracing::info!(%group, %topic, "Kafka consumer joined the group");
+        Ok(Self {
+            control,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub async fn fetch(
+        &self,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        max_bytes: usize,
+        wait_ms: u64,
+    ) -> LogRead {
+        let (reply, rx) = oneshot::channel();
+        let req = FetchRequest {
+            partition,
+            from,
+            max: max.max(1),
+            max_bytes,
+            deadline: Instant::now() + Duration::from_millis(wait_ms),
+            reply,
+        };
+        if self.control.send(Control::Fetch(req)).is_err() {
+            return LogRead::Failed("the group's Kafka consumer has stopped".into());
+        }
+        rx.await
+            .unwrap_or_else(|_| LogRead::Failed("the group's Kafka consumer has stopped".into()))
+    }
+
+    pub fn commit(&self, partition: Partition, offset: Offset) {
+        let _ = self.control.send(Control::Commit { partition, offset });
+    }
+
+    /// Asks the thread to close the consumer (which revokes what it holds).
+    pub fn stop(&self) {
+        let _ = self.control.send(Control::Stop);
+    }
+
+    /// Waits for the thread to end.
+    pub fn join(&self) {
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Running a future from a thread outside the runtime.
+trait BlockOnOutside {
+    fn block_on_outside<F: Future + Send>(&self, f: F) -> F::Output
+    where
+        F::Output: Send;
+}
+
+impl BlockOnOutside for tokio::runtime::Handle {
+    fn block_on_outside<F: Future + Send>(&self, f: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        super::log::block_on(self, f)
+    }
+}
+
+/// Polls a future that completes without waiting (the std build of madsim-rdkafka wraps
+/// blocking librdkafka calls such as seek and commit in `async fn`s that never yield).
+fn run_now<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+/// What the thread knows of one assigned partition.
+struct Part {
+    /// Every record at or above `base` is in `buffer` or still to come from the stream.
+    base: Offset,
+    buffer: VecDeque<Record>,
+    buffered_bytes: usize,
+    fetch: Option<FetchRequest>,
+    paused: bool,
+    /// The consumer reported an offset out of range (it does not say for which partition):
+    /// the next fetch checks this partition's offsets against the broker's first.
+    check_range: bool,
+    /// The consumer may have stopped fetching this partition (with `auto.offset.reset =
+    /// error` librdkafka stops a partition at an out-of-range answer, and a seek no longer
+    /// restarts it): the next repositioning assigns the partition again instead.
+    stalled: bool,
+}
+
+impl Part {
+    fn new(base: Offset) -> Self {
+        Self {
+            check_range: false,
+            stalled: false,
+            base,
+            buffer: VecDeque::new(),
+            buffered_bytes: 0,
+            fetch: None,
+            paused: false,
+        }
+    }
+
+    /// Drops what lies below `from` (already answered, or skipped by the core).
+    fn discard_below(&mut self, from: Offset) {
+        while self.buffer.front().is_some_and(|r| r.offset < from) {
+            if let Some(r) = self.buffer.pop_front() {
+                self.buffered_bytes -= r.body.len();
+            }
+        }
+        self.base = self.base.max(from);
+    }
+
+    /// Answers the waiting fetch with what the buffer holds, if it holds anything.
+    fn answer_if_ready(&mut self) {
+        if self.buffer.is_empty() {
+            return;
+        }
+        let Some(req) = self.fetch.take() else {
+            return;
+        };
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        while out.len() < req.max {
+            let Some(front) = self.buffer.front() else {
+                break;
+            };
+            if !out.is_empty() && bytes + front.body.len() > req.max_bytes {
+                break;
+            }
+            let Some(r) = self.buffer.pop_front() else {
+                break;
+            };
+            bytes += r.body.len();
+            self.buffered_bytes -= r.body.len();
+            self.base = r.offset + 1;
+            out.push(r);
+        }
+        let _ = req.reply.send(LogRead::Decoded(out));
+    }
+}
+
+/// The consumer's context: the rebalance callback, and the state it shares with the
+/// thread (both run on the consumer thread; the locks are never contended).
+pub(super) struct GroupContext {
+    log: KafkaLog,
+    group: GroupName,
+    topic: TopicName,
+    events: mpsc::Sender<GroupEvent>,
+    me: OnceLock<Weak<BaseConsumer<GroupContext>>>,
+    parts: Mutex<BTreeMap<Partition, Part>>,
+    control: Mutex<std_mpsc::Receiver<Control>>,
+    /// Fetches taken off the control channel during a revocation, handled after it.
+    held: Mutex<Vec<FetchRequest>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(&self, _native: &NativeClient, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let Some(consumer) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let partitions = partitions_of(tpl, &self.topic);
+        self.log
+            .counters()
+            .rebalances
+            .fetch_add(1, Ordering::Relaxed);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.on_assign(&consumer, &partitions)
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.on_revoke(&consumer, tpl, &partitions)
+            }
+            other => {
+                tracing::error!(group = %self.group, error = ?other, "rebalance failed");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            self.log
+                .counters()
+                .commit_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(group = %self.group, error = %e, "offset commit failed; the next one carries it");
+        }
+    }
+}
+
+impl GroupContext {
+    /// Reads each new partition's progress (the progress topic, else the committed
+    /// offset), assigns it at exactly that offset, and tells the engine.
+    fn on_assign(&self, consumer: &BaseConsumer<GroupContext>, partitions: &[Partition]) {
+        let log = &self.log;
+        let runtime = &log.inner.runtime;
+        let timeout = log.settings().request_timeout;
+        let mut committed = BTreeMap::new();
+        let mut ask = TopicPartitionList::new();
+        for &p in partitions {
+            ask.add_partition(self.topic.as_str(), p as i32);
+        }
+        let asked = if partitions.is_empty() {
+            None
+        } else {
+            run_now(consumer.committed_offsets(ask, timeout))
+        };
+        match asked {
+            Some(Ok(tpl)) if tpl.count() > 0 => {
+                for e in tpl.elements_for_topic(self.topic.as_str()) {
+                    if let KOffset::Offset(o) = e.offset() {
+                        committed.insert(e.partition().max(0) as Partition, o.max(0) as Offset);
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(group = %self.group, error = %e, "cannot read committed offsets")
+            }
+            Some(Ok(_)) | None => {}
+        }
+        let stored = if partitions.is_empty() {
+            Ok(BTreeMap::new())
+        } else {
+            runtime.block_on(
+                log.inner
+                    .progress
+                    .latest(&self.group, &self.topic, partitions),
+            )
+        };
+        let stored = match stored {
+            Ok(m) => m,
+            Err(e) => {
+                // Without the progress topic the committed offset still bounds duplicates;
+                // nothing below it is delivered again.
+                tracing::error!(group = %self.group, error = %e, "cannot read the progress topic; resuming from committed offsets");
+                BTreeMap::new()
+            }
+        };
+        let mut assignments = Vec::with_capacity(partitions.len());
+        let mut tpl = TopicPartitionList::new();
+        let mut parts = lock(&self.parts);
+        for &p in partitions {
+            let (earliest, end) = match runtime.block_on(log.watermarks(&self.topic, p)) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(group = %self.group, partition = p, error = %e, "cannot read offsets at assignment");
+                    (0, 0)
+                }
+            };
+            let checkpoint = match (stored.get(&p), committed.get(&p)) {
+                (Some(cp), Some(&c)) if c > cp.progress.watermark() => Some(Checkpoint::new(c)),
+                (Some(cp), _) => Some(cp.clone()),
+                (None, Some(&c)) => Some(Checkpoint::new(c)),
+                (None, None) => None,
+            };
+            let start = checkpoint
+                .as_ref()
+                .map_or(earliest, |c| c.progress.watermark());
+            let _ = tpl.add_partition_offset(
+                self.topic.as_str(),
+                p as i32,
+                KOffset::Offset(start as i64),
+            );
+            parts.insert(p, Part::new(start));
+            assignments.push(Assignment {
+                partition: p,
+                earliest,
+                end,
+                checkpoint,
+            });
+        }
+        drop(parts);
+        let assigned = match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_assign(&tpl),
+            _ => consumer.assign(&tpl),
+        };
+        if let Err(e) = assigned {
+            tracing::error!(group = %self.group, error = %e, "cannot take the assignment");
+            return;
+        }
+        tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, "Kafka assigned partitions");
+        let _ = self.events.blocking_send(GroupEvent::Assigned {
+            group: self.group.clone(),
+            partitions: assignments,
+        });
+    }
+
+    /// Waits until the engine made the group's progress durable and dropped the lanes,
+    /// commits what it asked to commit, then gives the partitions up.
+    fn on_revoke(
+        &self,
+        consumer: &BaseConsumer<GroupContext>,
+        tpl: &TopicPartitionList,
+        partitions: &[Partition],
+    ) {
+        let lost = consumer.assignment_lost();
+        let (done, wait) = std_mpsc::sync_channel(1);
+        let sent = self.events.blocking_send(GroupEvent::Revoking {
+            group: self.group.clone(),
+            partitions: partitions.to_vec(),
+            lost,
+            done,
+        });
+        let started = Instant::now();
+        let mut commits = BTreeMap::new();
+        if sent.is_ok() {
+            loop {
+                match wait.recv_timeout(Duration::from_millis(5)) {
+                    Ok(()) | Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                self.take_control(&mut commits);
+                if started.elapsed() > REVOKE_WAIT {
+                    tracing::error!(group = %self.group, ?partitions, "the engine did not flush in time; giving the partitions up");
+                    break;
+                }
+            }
+        }
+        // Commits the engine issued before it answered.
+        self.take_control(&mut commits);
+        if lost {
+            tracing::warn!(group = %self.group, ?partitions, "assignment lost (session timeout): another instance may already own it, not committing");
+        } else {
+            commit_now(
+                consumer,
+                &self.topic,
+                &commits,
+                CommitMode::Sync,
+                &self.group,
+            );
+        }
+        {
+            let mut parts = lock(&self.parts);
+            for p in partitions {
+                if let Some(mut part) = parts.remove(p) {
+                    if let Some(req) = part.fetch.take() {
+                        // The engine dropped the lane already; the answer is only stale.
+                        let _ = req.reply.send(LogRead::Decoded(Vec::new()));
+                    }
+                }
+            }
+        }
+        let given_up = match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
+            _ => consumer.unassign(),
+        };
+        if let Err(e) = given_up {
+            tracing::warn!(group = %self.group, error = %e, "unassign failed");
+        }
+        tracing::info!(group = %self.group, instance = %self.log.settings().instance, ?partitions, "Kafka revoked partitions");
+    }
+
+    /// Takes commits off the control channel (newest offset per partition wins); fetches
+    /// are held for after the revocation, a stop is put back as a held marker.
+    fn take_control(&self, commits: &mut BTreeMap<Partition, Offset>) {
+        let rx = lock(&self.control);
+        while let Ok(c) = rx.try_recv() {
+            match c {
+                Control::Commit { partition, offset } => {
+                    commits.insert(partition, offset);
+                }
+                Control::Fetch(req) => lock(&self.held).push(req),
+                Control::Stop => STOP_REQUESTED.with(|s| s.set(true)),
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// A stop seen inside a rebalance callback, acted on by the loop afterwards.
+    static STOP_REQUESTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn commit_now(
+    consumer: &BaseConsumer<GroupContext>,
+    topic: &TopicName,
+    commits: &BTreeMap<Partition, Offset>,
+    mode: CommitMode,
+    group: &GroupName,
+) {
+    if commits.is_empty() {
+        return;
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (&p, &o) in commits {
+        let _ = tpl.add_partition_offset(topic.as_str(), p as i32, KOffset::Offset(o as i64));
+    }
+    match run_now(consumer.commit(&tpl, mode)) {
+        Some(Ok(())) | None => {}
+        Some(Err(e)) => {
+            consumer
+                .context()
+                .log
+                .counters()
+                .commit_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%group, error = %e, "offset commit failed; the next one carries it");
+        }
+    }
+}
+
+/// The consumer thread: control messages, the stream, deadlines, until stopped.
+fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
+    let ctx = consumer.context().clone();
+    loop {
+        let mut commits = BTreeMap::new();
+        let mut fetches: Vec<FetchRequest> = std::mem::take(&mut *lock(&ctx.held));
+        let mut stop = STOP_REQUESTED.with(|s| s.replace(false));
+        {
+            let rx = lock(&ctx.control);
+            while let Ok(c) = rx.try_recv() {
+                match c {
+                    Control::Commit { partition, offset } => {
+                        commits.insert(partition, offset);
+                    }
+                    Control::Fetch(req) => fetches.push(req),
+                    Control::Stop => stop = true,
+                }
+            }
+        }
+        commit_now(
+            &consumer,
+            &ctx.topic,
+            &commits,
+            CommitMode::Async,
+            &ctx.group,
+        );
+        for req in fetches {
+            on_fetch(&consumer, &ctx, req);
+        }
+        if stop {
+            break;
+        }
+        match consumer.poll(POLL_INTERVAL) {
+            None => {}
+            Some(Ok(m)) => on_message(&consumer, &ctx, &m),
+            Some(Err(e)) => on_error(&ctx, &e),
+        }
+        expire_fetches(&ctx);
+    }
+    // Leaving the group revokes every partition (the callback flushes and commits).
+    consumer.unsubscribe();
+    let until = Instant::now() + REVOKE_WAIT;
+    while !lock(&ctx.parts).is_empty() && Instant::now() < until {
+        let _ = consumer.poll(POLL_INTERVAL);
+    }
+    tracing::info!(group = %ctx.group, "Kafka consumer left the group");
+}
+
+fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: FetchRequest) {
+    let check = lock(&ctx.parts)
+        .get(&req.partition)
+        .is_some_and(|p| p.check_range);
+    let range = if check {
+        ctx.log
+            .inner
+            .runtime
+            .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
+            .ok()
+    } else {
+        None
+    };
+    let mut parts = lock(&ctx.parts);
+    let Some(part) = parts.get_mut(&req.partition) else {
+        let _ = req.reply.send(LogRead::Failed(format!(
+            "partition {} of {} is not assigned to this instance",
+            req.partition, ctx.topic
+        )));
+        return;
+    };
+    if let Some(old) = part.fetch.take() {
+        // Overtaken: the core ignores the answer to the old fetch id anyway.
+        let _ = old.reply.send(LogRead::Decoded(Vec::new()));
+    }
+    if let Some((earliest, end)) = range {
+        part.check_range = false;
+        // The partition's fetcher may have stopped at the error: restart it where asked.
+        part.stalled = true;
+        part.base = Offset::MAX;
+        if req.from < earliest || req.from > end {
+            ctx.log
+                .counters()
+                .out_of_range
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, earliest, end, "offset out of range; the core repositions");
+            let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+            return;
+        }
+    }
+    let reposition = req.from < part.base;
+    if reposition {
+        let moved = if part.stalled {
+            restart_fetcher(consumer, ctx, &mut parts, req.partition, req.from)
+        } else {
+            run_now(consumer.seek(
+                ctx.topic.as_str(),
+                req.partition as i32,
+                KOffset::Offset(req.from as i64),
+                Duration::from_millis(0),
+            ))
+        };
+        if !matches!(moved, Some(Ok(()))) {
+            // Never answer past a failed seek: that would skip records as a "gap".
+            let why = match moved {
+                Some(Err(e)) => e.to_string(),
+                _ => "seek did not complete".to_owned(),
+            };
+            let _ = req.reply.send(LogRead::Failed(format!(
+                "cannot seek {}/{} to {}: {why}",
+                ctx.topic, req.partition, req.from
+            )));
+            return;
+        }
+    }
+    // Still there: the lock is held, and nothing above removes a partition.
+    let Some(part) = parts.get_mut(&req.partition) else {
+        let _ = req.reply.send(LogRead::Failed(format!(
+            "partition {} of {} is not assigned to this instance",
+            req.partition, ctx.topic
+        )));
+        return;
+    };
+    if reposition {
+        part.stalled = false;
+        part.buffer.clear();
+        part.buffered_bytes = 0;
+        part.base = req.from;
+    }
+    part.discard_below(req.from);
+    let partition = req.partition;
+    part.fetch = Some(req);
+    part.answer_if_ready();
+    if part.paused && part.buffer.len() < PAUSE_AT_RECORDS {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(ctx.topic.as_str(), partition as i32);
+        if consumer.resume(&tpl).is_ok() {
+            part.paused = false;
+        }
+    }
+}
+
+/// Starts fetching `partition` at `from` again after the consumer may have stopped it (a
+/// seek cannot: librdkafka refuses to seek a stopped partition, silently when not waited
+/// for). Cooperative: the partition alone is given up and taken again at `from`. Eager:
+/// the whole assignment is taken again, every other partition at its `base` with its
+/// buffer dropped (everything at or above `base` comes again from the stream).
+fn restart_fetcher(
+    consumer: &BaseConsumer<GroupContext>,
+    ctx: &GroupContext,
+    parts: &mut BTreeMap<Partition, Part>,
+    partition: Partition,
+    from: Offset,
+) -> Option<KafkaResult<()>> {
+    let topic = ctx.topic.as_str();
+    let mut tpl = TopicPartitionList::new();
+    // The partitions whose fetchers start again.
+    let mut resumed = TopicPartitionList::new();
+    let restarted = match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => {
+            tpl.add_partition(topic, partition as i32);
+            resumed.add_partition(topic, partition as i32);
+            if let Err(e) = consumer.incremental_unassign(&tpl) {
+                return Some(Err(e));
+            }
+            let mut again = TopicPartitionList::new();
+            if let Err(e) =
+                again.add_partition_offset(topic, partition as i32, KOffset::Offset(from as i64))
+            {
+                return Some(Err(e));
+            }
+            consumer.incremental_assign(&again)
+        }
+        _ => {
+            for (&p, part) in parts.iter_mut() {
+                let at = if p == partition {
+                    from
+                } else {
+                    part.buffer.clear();
+                    part.buffered_bytes = 0;
+                    part.base
+                };
+                resumed.add_partition(topic, p as i32);
+                if let Err(e) =
+                    tpl.add_partition_offset(topic, p as i32, KOffset::Offset(at as i64))
+                {
+                    return Some(Err(e));
+                }
+            }
+            consumer.assign(&tpl)
+        }
+    };
+    if restarted.is_ok() {
+        // A partition paused before it stopped fetches again (resuming a running one is a
+        // no-op); the buffers are empty, so none is over its pause mark.
+        let _ = consumer.resume(&resumed);
+        let eager = !matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        for (&p, part) in parts.iter_mut() {
+            if eager || p == partition {
+                part.paused = false;
+            }
+        }
+        tracing::info!(group = %ctx.group, partition, from, "partition fetcher restarted");
+    }
+    Some(restarted)
+}
+
+fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &BorrowedMessage<'_>) {
+    let partition = m.partition().max(0) as Partition;
+    let offset = m.offset().max(0) as Offset;
+    let mut parts = lock(&ctx.parts);
+    let Some(part) = parts.get_mut(&partition) else {
+        return;
+    };
+    if offset < part.base {
+        // Fetched before a seek or already answered.
+        return;
+    }
+    let record = to_record(m, ctx.log.settings().max_event_bytes);
+    part.buffered_bytes += record.body.len();
+    part.buffer.push_back(record);
+    part.answer_if_ready();
+    if part.fetch.is_none() && !part.paused && part.buffer.len() >= PAUSE_AT_RECORDS {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(ctx.topic.as_str(), partition as i32);
+        if consumer.pause(&tpl).is_ok() {
+            part.paused = true;
+        }
+    }
+}
+
+/// A consume error. An offset the log does not have (librdkafka does not say for which
+/// partition) marks every partition to check its range at its next fetch — outside the
+/// log it answers `OutOfRange`, so the core repositions (and reports it) — and to restart
+/// its fetcher, which librdkafka stopped; waiting fetches are handled again right away.
+fn on_error(ctx: &GroupContext, e: &KafkaError) {
+    let out_of_range = matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange)
+    );
+    if !out_of_range {
+        tracing::warn!(group = %ctx.group, error = %e, "Kafka consumer error");
+        return;
+    }
+    // Every partition is checked at its next fetch; a waiting fetch is handled again now.
+    let waiting: Vec<FetchRequest> = {
+        let mut parts = lock(&ctx.parts);
+        parts
+            .values_mut()
+            .filter_map(|part| {
+                part.check_range = true;
+                part.fetch.take()
+            })
+            .collect()
+    };
+    lock(&ctx.held).extend(waiting);
+}
+
+/// Fetches that waited their time at the end of a partition answer empty — unless the
+/// broker's offsets say the fetch is outside the log (some brokers answer such a fetch
+/// empty instead of "out of range"): then `OutOfRange`, so the core repositions instead of
+/// waiting forever. The cached offsets only preselect; a fresh read decides.
+fn expire_fetches(ctx: &GroupContext) {
+    let now = Instant::now();
+    let expired: Vec<FetchRequest> = {
+        let mut parts = lock(&ctx.parts);
+        parts
+            .values_mut()
+            .filter(|part| part.fetch.as_ref().is_some_and(|f| f.deadline <= now))
+            .filter_map(|part| part.fetch.take())
+            .collect()
+    };
+    for req in expired {
+        let suspect = ctx
+            .log
+            .cached_offsets(&ctx.topic, req.partition)
+            .is_some_and(|(earliest, end)| req.from < earliest || req.from > end);
+        if suspect {
+            if let Ok((earliest, end)) = ctx
+                .log
+                .inner
+                .runtime
+                .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
+            {
+                if req.from < earliest || req.from > end {
+                    let mut parts = lock(&ctx.parts);
+                    if let Some(part) = parts.get_mut(&req.partition) {
+                        part.base = Offset::MAX;
+                    }
+                    ctx.log
+                        .counters()
+                        .out_of_range
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, earliest, end, "offset outside the log; the core repositions");
+                    let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+                    continue;
+                }
+            }
+        }
+        let _ = req.reply.send(LogRead::Decoded(Vec::new()));
+    }
+}
+
+/// The partitions of `topic` in a list. (madsim-rdkafka's `elements_for_topic` builds a
+/// slice from the list's element pointer, which is null in an empty list: not called then.)
+fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> {
+    if tpl.count() == 0 {
+        return Vec::new();
+    }
+    tpl.elements_for_topic(topic.as_str())
+        .iter()
+        .map(|e| e.partition().max(0) as Partition)
+        .collect()
+}
+
+/// A Kafka record as the core's record: its CloudEvent in the stored form, or the reason
+/// it carries none (the core dead-letters it).
+fn to_record(m: &BorrowedMessage<'_>, max_event_bytes: usize) -> Record {
+    let offset = m.offset().max(0) as Offset;
+    let headers: Vec<(&str, Option<&[u8]>)> = m
+        .headers()
+        .map(|h| {
+            (0..h.count())
+                .map(|i| {
+                    let x = h.get(i);
+                    (x.key, x.value)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match crate::event::from_kafka(&headers, m.payload(), max_event_bytes) {
+        Ok(stored) => crate::engine::decode_record((offset, stored)),
+        Err(e) => Record {
+            offset,
+            meta: RecordMeta::Undecodable(Arc::from(e.to_string())),
+            body: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+            broker_handle: None,
+        },
+    }
+}

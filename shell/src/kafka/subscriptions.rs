@@ -1,0 +1,128 @@
+//! Subscriptions shared by every instance of a cluster: the durable group definitions live
+//! in a compacted topic keyed by group name (value: the state store's subscription
+//! encoding; a tombstone deletes the group), so a group created on one instance is served
+//! by all.
+//!
+//! Writes: the state port writes every definition and deletion of a persist batch here
+//! before the local store (see `progress::KafkaState`). Reads: a watcher thread tails the
+//! topic from its beginning and applies what differs from the local definition through
+//! the engine's own `subscribe`/`unsubscribe`; since applying writes the same bytes back,
+//! and equal bytes are not applied again, the instances converge without ping-pong.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
+use unimesh_core::GroupName;
+
+use super::log::KafkaLog;
+use crate::engine::{EngineError, EngineHandle};
+use crate::state::codec::{decode_subscription, encode_subscription};
+
+/// Starts the watcher thread; it ends when the engine stops.
+pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
+    let s = log.settings();
+    let topic = s.subscriptions_topic.clone();
+    let mut c = s.client_config();
+    c.set(
+        "group.id",
+        format!("{}subscriptions-reader", s.group_prefix),
+    )
+    .set("enable.auto.commit", "false")
+    .set("enable.partition.eof", "false")
+    .set("auto.offset.reset", "earliest");
+    let runtime = log.inner.runtime.clone();
+    let consumer: BaseConsumer = super::log::block_on(&runtime, c.create())
+        .map_err(|e| format!("cannot create the subscriptions reader: {e}"))?;
+    let meta = super::log::block_on(
+        &runtime,
+        consumer.fetch_metadata(Some(&topic), s.request_timeout),
+    )
+    .map_err(|e| format!("subscriptions topic metadata: {e}"))?;
+    let n = meta
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len() as i32);
+    if n == 0 {
+        return Err(format!("subscriptions topic {topic} has no partitions"));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..n {
+        let _ = tpl.add_partition_offset(&topic, p, KOffset::Beginning);
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| format!("cannot read the subscriptions topic: {e}"))?;
+    let consumer = Arc::new(consumer);
+    std::thread::Builder::new()
+        .name("kafka-subscriptions".into())
+        .spawn(move || {
+            while engine.health().is_ok() {
+                let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
+                    continue;
+                };
+                let m = match polled {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "subscriptions topic read error");
+                        continue;
+                    }
+                };
+                let Some(group) = m
+                    .key()
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .and_then(|k| GroupName::new(k).ok())
+                else {
+                    tracing::warn!(
+                        offset = m.offset(),
+                        "subscriptions record without a group name ignored"
+                    );
+                    continue;
+                };
+                let value = m.payload().map(<[u8]>::to_vec);
+                runtime.block_on(apply(&engine, group, value));
+            }
+        })
+        .map_err(|e| format!("cannot start the subscriptions watcher: {e}"))?;
+    Ok(())
+}
+
+/// Applies one record of the topic unless the local definition already equals it.
+async fn apply(engine: &EngineHandle, group: GroupName, value: Option<Vec<u8>>) {
+    let local = match engine.subscription(&group).await {
+        Ok(info) => encode_subscription(&info.spec).ok(),
+        Err(_) => None,
+    };
+    match value {
+        None => {
+            if local.is_some() {
+                match engine.unsubscribe(&group).await {
+                    Ok(()) | Err(EngineError::UnknownGroup(_)) => {
+                        tracing::info!(%group, "group deleted by another instance")
+                    }
+                    Err(e) => tracing::warn!(%group, error = %e, "cannot delete the group"),
+                }
+            }
+        }
+        Some(bytes) => {
+            if local.as_deref() == Some(bytes.as_slice()) {
+                return;
+            }
+            let spec = match decode_subscription(group.as_str(), &group, &bytes) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    tracing::error!(%group, error = %e, "corrupt subscription record ignored");
+                    return;
+                }
+            };
+            match engine.subscribe(spec).await {
+                Ok(_) => tracing::info!(%group, "group defined by another instance"),
+                Err(e) => {
+                    tracing::warn!(%group, error = %e, "cannot apply the shared group definition")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+"""An outside Kafka client for the black-box tests: Confluent's confluent-kafka.
+
+    kafka_client.py produce BROKERS TOPIC     # writes the records below, prints their offsets
+    kafka_client.py consume BROKERS TOPIC N   # reads N records from the beginning, prints them
+    kafka_client.py progress BROKERS GROUP TOPIC PARTITION WATERMARK
+        # writes a progress record (unimesh's checkpoint encoding, no ranges) for the lane,
+        # as if a group had reached WATERMARK: to test a resume offset the log does not have
+
+`produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
+partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
+and a record that is no CloudEvent at all. It prints one JSON object per line:
+{"kind", "id", "partition", "offset"}.
+
+`consume` prints one JSON object per record: {"partition", "offset", "key", "headers":
+{name: value}, "value"} (value as UTF-8 text), and exits non-zero when fewer than N records
+arrive within 60 s.
+"""
+
+import json
+import struct
+import sys
+import time
+import zlib
+
+from confluent_kafka import Consumer, Producer
+
+
+def produce(brokers, topic):
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all", "enable.idempotence": True})
+    results = []
+
+    def report(kind, ident):
+        def cb(err, msg):
+            if err is not None:
+                raise SystemExit(f"delivery of {kind} failed: {err}")
+            results.append({"kind": kind, "id": ident, "partition": msg.partition(), "offset": msg.offset()})
+        return cb
+
+    producer.produce(
+        topic,
+        key=b"order-7",
+        value=json.dumps({"amount": 42}).encode(),
+        headers=[
+            ("ce_specversion", b"1.0"),
+            ("ce_id", b"py-binary-1"),
+            ("ce_source", b"/python/confluent-kafka"),
+            ("ce_type", b"com.example.order.created"),
+            ("ce_subject", "caf\u00e9".encode()),
+            ("ce_partitionkey", b"order-7"),
+            ("ce_tenant", b"acme"),
+            ("content-type", b"application/json"),
+        ],
+        on_delivery=report("binary", "py-binary-1"),
+    )
+    structured = {
+        "specversion": "1.0",
+        "id": "py-structured-1",
+        "source": "/python/confluent-kafka",
+        "type": "com.example.order.shipped",
+        "datacontenttype": "text/plain",
+        "data": "shipped",
+    }
+    producer.produce(
+        topic,
+        key=b"order-7",
+        value=json.dumps(structured).encode(),
+        headers=[("content-type", b"application/cloudevents+json; charset=utf-8")],
+        on_delivery=report("structured", "py-structured-1"),
+    )
+    producer.produce(topic, key=b"order-7", value=b"not an event", on_delivery=report("junk", None))
+    left = producer.flush(30)
+    if left:
+        raise SystemExit(f"{left} records not delivered")
+    for r in results:
+        print(json.dumps(r))
+
+
+def consume(brokers, topic, n):
+    consumer = Consumer({
+        "bootstrap.servers": brokers,
+        "group.id": f"outside-reader-{time.time_ns()}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    })
+    consumer.subscribe([topic])
+    got = 0
+    deadline = time.time() + 60
+    while got < n and time.time() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error():
+            print(f"consumer error: {msg.error()}", file=sys.stderr)
+            continue
+        headers = {k: v.decode("utf-8") for k, v in (msg.headers() or [])}
+        print(json.dumps({
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "key": msg.key().decode("utf-8") if msg.key() is not None else None,
+            "headers": headers,
+            "value": msg.value().decode("utf-8") if msg.value() is not None else None,
+        }), flush=True)
+        got += 1
+    consumer.close()
+    if got < n:
+        raise SystemExit(f"read {got} of {n} records")
+
+
+def progress(brokers, group, topic, partition, watermark):
+    # core/src/checkpoint.rs: "UMCK" | version 1 | watermark u64 | 0 ranges | 0 attempts | crc32
+    body = b"UMCK" + bytes([1]) + struct.pack("<QII", watermark, 0, 0)
+    value = body + struct.pack("<I", zlib.crc32(body))
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
+    producer.produce("unimesh.progress", key=f"{group}\n{topic}\n{partition}".encode(), value=value)
+    if producer.flush(30):
+        raise SystemExit("progress record not delivered")
+    print(json.dumps({"written": True}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "produce":
+        produce(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 5 and sys.argv[1] == "consume":
+        consume(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) >= 7 and sys.argv[1] == "progress":
+        progress(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    else:
+        raise SystemExit(__doc__)
