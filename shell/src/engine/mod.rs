@@ -17,8 +17,8 @@ mod handle;
 mod persist;
 pub mod ports;
 mod records;
-mod tap;
 mod stream;
+mod tap;
 mod task;
 
 #[cfg(test)]

@@ -29,8 +29,8 @@ use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
 use super::ports::{LogPort, LogRead};
 use super::records::decode_record;
-use super::tap::EngineTap;
 use super::stream::Notice;
+use super::tap::EngineTap;
 use polls::{PollKey, Polls};
 use sessions::Streams;
 
