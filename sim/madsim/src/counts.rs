@@ -50,6 +50,7 @@ counters!(
     updates,
     publish_retries,
     polls_vanished,
+    polls_handed_back,
     responses_lost,
     acks,
     late_acks,

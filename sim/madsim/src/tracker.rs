@@ -88,11 +88,18 @@ impl Tracker {
         Some(o)
     }
 
-    /// ACKed or NACKed (by a client, or given back by the engine itself).
-    pub fn settled(&mut self, ids: &[DeliveryId]) {
+    /// ACKed or NACKed (by a client, or given back by the engine itself). Returns how many
+    /// of `ids` were handed to a poll that had ended and never reached its request: only
+    /// the engine can settle those (a client knows no id it did not receive), so this
+    /// counts the hand-backs of #5282 — proof that a sweep exercises that path.
+    pub fn settled(&mut self, ids: &[DeliveryId]) -> u64 {
+        let mut handed_back = 0;
         for id in ids {
-            self.remove(id);
+            if self.remove(id).is_some_and(|o| o.closed.is_some()) {
+                handed_back += 1;
+            }
         }
+        handed_back
     }
 
     /// The mesh was told the client left: it takes back what the client held. What was
@@ -305,9 +312,15 @@ mod tests {
         t.delivered(&g, &c, id(1));
         t.delivered(&g, &c, id(2));
         t.credit(&g, &c, 0, ms(10));
-        t.settled(&[id(1)]);
+        assert_eq!(t.settled(&[id(1)]), 1, "a hand-back of an ended poll");
         t.received(&g, &c, 1, &[delivery(2)]).unwrap();
         assert!(t.check(ms(50), true).is_ok());
+        t.delivered(&g, &c, id(3));
+        assert_eq!(
+            t.settled(&[id(2), id(3)]),
+            0,
+            "received, or of an open poll"
+        );
         t.delivered(&g, &c, id(3));
         assert!(t.check(ms(60), false).is_ok());
         assert_eq!(t.check(ms(60), true).unwrap_err().clause, Clause::C1);

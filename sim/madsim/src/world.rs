@@ -631,7 +631,7 @@ impl Inner {
         let r = self.checker.settled(t, group, kind, ids, response);
         self.check(r);
         if !matches!(kind, SettleKind::Extend(_)) {
-            self.tracker.settled(ids);
+            self.counts.polls_handed_back += self.tracker.settled(ids);
         }
         self.tracker.mesh_answered(group, kind, ids, response);
     }
