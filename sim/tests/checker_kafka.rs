@@ -240,3 +240,41 @@ fn gaps_are_done_by_absence_only() {
         }
     }
 }
+
+/// Goal (C6, sim seed 123136): a broker ACK an instance owes for a record its own persist
+/// made durably done stands after another owner's seek re-opened the record, and only
+/// then. Method: instance 0 ACKs records 0 and 1 (POP handles) and writes a checkpoint at
+/// 2, which is applied; instance 1 is given the lane (0 is a zombie now), seeks to 0 and
+/// its checkpoint at 0 is applied. Instance 0's broker ACK of 1 fails before the store's
+/// late answer reaches it and passes after; one of record 2, which no durable checkpoint
+/// marked done, fails.
+#[test]
+fn seed_123136_a_zombies_owed_broker_ack_stands_after_another_owners_seek() {
+    let mut c = Checker::default();
+    c.add_group(&SubscriptionSpec::new(group(), topic()));
+    for o in 0..3 {
+        let mut r = record(o, &format!("e{o}"));
+        r.broker_handle = Some(Bytes::from(format!("h{o}")));
+        c.published(&topic(), 0, &r).unwrap();
+    }
+    start(&mut c, 0);
+    for o in 0..3 {
+        let id = deliver(&mut c, o, &format!("e{o}"), 1);
+        ack(&mut c, id);
+    }
+    c.persist_emitted(2, &checkpoint(2)).unwrap();
+    c.persist_applied(2, &checkpoint(2)).unwrap();
+    start(&mut c, 1);
+    let c1 = c.instance(1);
+    c1.sought(0, &group(), 0, 0);
+    c1.persist_emitted(2, &checkpoint(0)).unwrap();
+    c1.persist_applied(2, &checkpoint(0)).unwrap();
+    let c0 = c.instance(0);
+    let v = c0.broker_acked(&group(), 0, 1).unwrap_err();
+    assert_eq!(v.clause, Clause::C6, "{v}");
+    c0.persist_notified(2);
+    c0.broker_acked(&group(), 0, 1).unwrap();
+    let v = c0.broker_acked(&group(), 0, 2).unwrap_err();
+    assert_eq!(v.clause, Clause::C6, "{v}");
+    assert!(v.message.contains("before it was durably done"), "{v}");
+}

@@ -78,7 +78,10 @@ impl Checker {
     /// C6: a POP broker is ACKed for a record only once it is durably done for the group.
     /// One exception: a seek keeps the broker ACKs of records already done before it (the
     /// client's ACK stands; the operator only chose to see the record again), so those may
-    /// go out once the seek's own checkpoint is durable.
+    /// go out once the seek's own checkpoint is durable — and, when the seek was another
+    /// owner's, the ACK an instance owes for a record its own persist had made durably done
+    /// before the seek (a zombie told late that its write, applied before it was replaced,
+    /// is durable: seed 123136).
     pub fn broker_acked(&mut self, group: &GroupName, p: Partition, offset: Offset) -> Check {
         let inst = self.current;
         let dlq = self.dead_lettered(group, p, offset);
@@ -104,7 +107,8 @@ impl Checker {
         let kept_by_seek = seek_gen > 0
             && seek_durable
             && (r.first_ack_gen.is_some_and(|g| g < seek_gen) || filtered);
-        if !durable && !dlq && !kept_by_seek {
+        let kept_by_others_seek = r.done_when_sought && r.broker_ack_due == Some(inst);
+        if !durable && !dlq && !kept_by_seek && !kept_by_others_seek {
             return fail(
                 Clause::C6,
                 format!("{group}/{p}/{offset}: broker ACKed before it was durably done"),

@@ -168,10 +168,17 @@ impl Checker {
         if (lane.recs.len() as Offset) < offset {
             lane.recs.resize_with(offset as usize, Rec::default);
         }
-        for (o, r) in lane.recs.iter_mut().enumerate() {
+        let (durable, recs) = (&lane.durable, &mut lane.recs);
+        for (o, r) in recs.iter_mut().enumerate() {
             if (o as Offset) < offset {
                 r.op_mask |= b;
             } else {
+                if durable
+                    .as_ref()
+                    .is_some_and(|c| c.progress.is_done(o as Offset))
+                {
+                    r.done_when_sought = true;
+                }
                 // The new lane starts with a fresh attempt ledger (C5 history restarts).
                 r.max_attempt = 0;
                 r.had_ge2 = false;

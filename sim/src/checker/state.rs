@@ -155,6 +155,9 @@ pub(super) struct Rec {
     /// The instance that owes the POP broker an ACK of this record (C6), once told its
     /// persist is durable.
     pub(super) broker_ack_due: Option<Instance>,
+    /// An operator seek re-opened the record while it was durably done: the broker ACK
+    /// owed for it (see `broker_ack_due`) stands, whichever instance owes it (C6).
+    pub(super) done_when_sought: bool,
     pub(super) broker_acked: bool,
     pub(super) deliveries: u32,
 }
