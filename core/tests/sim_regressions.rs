@@ -575,3 +575,105 @@ fn seed_18305_kafka_a_lost_tail_takes_its_attempt_counts_with_it() {
         .collect();
     assert_eq!(delivered, vec![(0, 1), (1, 1)], "{out:?}");
 }
+
+/// Kafka-world seed 216855 (C1). Goal: a record dead-lettered again by its lane keeps its
+/// DLQ entry although an earlier replay of its old entry was ACKed and that resolution is
+/// not yet durable. Method: a group of two attempts starts from a checkpoint recording two
+/// attempts for offset 0; the DLQ's entry of the record at 0 is replayed and ACKed, and the
+/// persist carrying the resolution fails; then the lane fetches offset 0 and dead-letters
+/// it at intake. A batch applies dead letters before resolutions, so before the fix the
+/// next batch carried both, the resolution deleted the new dead letter, and the record
+/// was durably done with no DLQ entry (the instance was a zombie whose persists were
+/// fenced while the resolution waited, and the lane had been re-opened by a seek).
+#[test]
+fn seed_216855_kafka_a_new_dead_letter_outlives_an_older_resolution_of_its_record() {
+    let mut mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).unwrap();
+    let (t, _) = persist_ticket(&effects(&mut mesh)).unwrap();
+    let _ = mesh.handle(0, Input::Persisted { ticket: t });
+    let mut spec = SubscriptionSpec::new(group(), TopicName::new("t").unwrap());
+    spec.max_attempts = 2;
+    assert_eq!(mesh.handle(0, Input::Subscribe(spec)), Response::Ok);
+    let _ = mesh.handle(
+        0,
+        Input::PartitionsAssigned {
+            group: group(),
+            partitions: vec![Assignment {
+                partition: 0,
+                earliest: 0,
+                end: 1,
+                checkpoint: Some(Checkpoint {
+                    progress: Progress::new(0),
+                    attempts: vec![(0, 2)],
+                }),
+            }],
+        },
+    );
+    let (fetch_id, _) = last_fetch(&effects(&mut mesh)).unwrap();
+    // The record's old DLQ entry is replayed and ACKed.
+    let replay = Input::Replay {
+        group: group(),
+        records: vec![(0, record(0))],
+    };
+    assert_eq!(mesh.handle(1, replay), Response::Ok);
+    let _ = mesh.handle(
+        1,
+        Input::ClientPoll {
+            group: group(),
+            client: ClientId::new("c").unwrap(),
+            max: 1,
+        },
+    );
+    let replayed = delivered_ids(&effects(&mut mesh));
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].partition, REPLAY_PARTITION);
+    let ack = Input::Ack {
+        group: group(),
+        ids: replayed,
+    };
+    assert_eq!(
+        mesh.handle(1, ack),
+        Response::Settled(vec![Settle::Accepted])
+    );
+    let _ = mesh.handle(1_000, Input::Tick);
+    let (t, batch) = persist_ticket(&effects(&mut mesh)).expect("the resolution is written");
+    assert_eq!(batch.dlq_resolved.len(), 1);
+    // That write fails (the seed's zombie was fenced): the resolution waits.
+    let _ = mesh.handle(1_000, Input::PersistFailed { ticket: t });
+    let _ = effects(&mut mesh);
+    // The lane fetches the record; its attempts ran out: dead-lettered at intake.
+    let _ = mesh.handle(
+        1_001,
+        Input::Fetched {
+            group: group(),
+            partition: 0,
+            fetch_id,
+            result: FetchResult::Records(vec![record(0)]),
+        },
+    );
+    let _ = mesh.handle(2_000, Input::Tick);
+    let mut out = effects(&mut mesh);
+    let _ = mesh.handle(3_000, Input::Tick);
+    out.extend(effects(&mut mesh));
+    let batches: Vec<PersistBatch> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Persist { batch, .. } => Some((**batch).clone()),
+            _ => None,
+        })
+        .collect();
+    let batch = batches
+        .iter()
+        .find(|b| !b.dead_letters.is_empty())
+        .expect("the dead letter is written");
+    assert!(batch
+        .checkpoints
+        .iter()
+        .any(|c| c.checkpoint.progress.is_done(0)));
+    // Applied in the batch's order (dead letters, then resolutions), the entry stays.
+    let key = &batch.dead_letters[0].key;
+    assert_eq!(key.offset, 0);
+    assert!(
+        !batch.dlq_resolved.contains(key),
+        "the batch deletes the dead letter it writes: {batch:?}"
+    );
+}

@@ -119,17 +119,21 @@ impl Group {
     /// The record is done for the group: ACKed (possibly by an earlier attempt's late ACK).
     #[inline]
     fn ack(&mut self, cx: &mut Ctx, p: Partition, offset: Offset) {
+        let replayed = (p == REPLAY_PARTITION)
+            .then(|| self.lanes.get(p).and_then(|l| l.entry(offset)))
+            .flatten()
+            .map(|e| e.record().meta.clone());
         let Some(retired) = self.retire(cx, p, offset) else {
             return;
         };
-        if p == REPLAY_PARTITION {
+        if let Some(meta) = replayed {
             let key = DlqKey {
                 group: self.name.clone(),
                 partition: retired.origin,
                 offset: retired.record_offset,
             };
             if let Some(lane) = self.lanes.get_mut(p) {
-                lane.resolve_dead_letter(cx, key);
+                lane.resolve_dead_letter(cx, key, meta);
             }
         }
     }
@@ -208,18 +212,25 @@ impl Group {
         let Some(retired) = self.retire(cx, p, offset) else {
             return;
         };
+        let letter = DeadLetter {
+            key: DlqKey {
+                group: name,
+                partition: retired.origin,
+                offset: retired.record_offset,
+            },
+            topic,
+            record,
+            attempts,
+            reason,
+        };
+        // A resolution of this record's entry from an earlier replay, not yet durable,
+        // would delete the entry this dead letter writes (seed 216855).
+        if p != REPLAY_PARTITION {
+            if let Some(replay) = self.lanes.get_mut(REPLAY_PARTITION) {
+                replay.drop_resolution(&letter.key, &letter.record.meta);
+            }
+        }
         if let Some(lane) = self.lanes.get_mut(p) {
-            let letter = DeadLetter {
-                key: DlqKey {
-                    group: name,
-                    partition: retired.origin,
-                    offset: retired.record_offset,
-                },
-                topic,
-                record,
-                attempts,
-                reason,
-            };
             lane.add_dead_letter(cx.next_ticket, letter);
         }
         self.stats.dead_lettered += 1;

@@ -31,6 +31,7 @@ use crate::io::{DeadLetter, DlqKey, FetchId, Ticket, REPLAY_PARTITION};
 use crate::mesh::timers::Timer;
 use crate::mesh::{Expected, LaneView};
 use crate::progress::Progress;
+use crate::record::RecordMeta;
 use crate::slots::{GroupSlot, Lease};
 use crate::types::{Offset, Partition};
 use entries::{Entries, Entry};
@@ -74,8 +75,9 @@ pub(crate) struct Lane {
     awaiting_ledger: BTreeSet<(Ticket, Offset)>,
     /// Dead letters decided but not yet durable; every flush of the lane carries them all.
     unsynced_dead_letters: Vec<(Ticket, DeadLetter)>,
-    /// DLQ entries whose replay was ACKed, not yet durably deleted.
-    unsynced_resolved: Vec<(Ticket, DlqKey)>,
+    /// DLQ entries whose replay was ACKed, not yet durably deleted, each with the record
+    /// replayed (a resolution deletes that record's entry).
+    unsynced_resolved: Vec<(Ticket, DlqKey, RecordMeta)>,
     /// POP receipt handles of done records, ACKed to the broker once durable.
     unsynced_broker_acks: Vec<(Ticket, Bytes)>,
     fetch: FetchState,

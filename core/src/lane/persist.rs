@@ -48,7 +48,7 @@ impl Lane {
             .extend(self.unsynced_dead_letters.iter().map(|(_, d)| d.clone()));
         batch
             .dlq_resolved
-            .extend(self.unsynced_resolved.iter().map(|(_, k)| k.clone()));
+            .extend(self.unsynced_resolved.iter().map(|(_, k, _)| k.clone()));
         WrittenLane {
             lease: self.lease,
             watermark: self.progress.watermark(),
@@ -86,7 +86,7 @@ impl Lane {
             self.offer(offset);
         }
         self.unsynced_dead_letters.retain(|(t, _)| *t > ticket);
-        self.unsynced_resolved.retain(|(t, _)| *t > ticket);
+        self.unsynced_resolved.retain(|(t, _, _)| *t > ticket);
         let (acks, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unsynced_broker_acks)
             .into_iter()
             .partition(|(t, _)| *t <= ticket);

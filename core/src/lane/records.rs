@@ -7,6 +7,7 @@ use crate::delivery_id::DeliveryId;
 use crate::io::{DeadLetter, Delivery, DlqKey, RejectReason, Ticket};
 use crate::mesh::timers::{Timer, TimerTable};
 use crate::mesh::Ctx;
+use crate::record::RecordMeta;
 use crate::slots::ClientSlot;
 use crate::types::{Millis, Offset, Partition, TopicName};
 
@@ -221,10 +222,21 @@ impl Lane {
         }
     }
 
-    /// A replayed record is ACKed: its DLQ entry is deleted once that is durable.
-    pub fn resolve_dead_letter(&mut self, cx: &mut Ctx, key: DlqKey) {
-        self.unsynced_resolved.push((cx.next_ticket, key));
+    /// A replayed record (`replayed`) is ACKed: its DLQ entry is deleted once that is
+    /// durable.
+    pub fn resolve_dead_letter(&mut self, cx: &mut Ctx, key: DlqKey, replayed: RecordMeta) {
+        self.unsynced_resolved.push((cx.next_ticket, key, replayed));
         cx.dirty(self);
+    }
+
+    /// The record `meta` at `key` is dead-lettered again (by its own lane, after a seek
+    /// re-opened it): a resolution of its entry not yet durable is dropped. The new dead
+    /// letter replaces that entry, and a batch applies resolutions after dead letters, so
+    /// the older resolution written with it would delete the entry the checkpoint relies
+    /// on for the record's done mark (C1; unimesh-sim, Kafka world, seed 216855).
+    pub fn drop_resolution(&mut self, key: &DlqKey, meta: &RecordMeta) {
+        self.unsynced_resolved
+            .retain(|(_, k, m)| !(k == key && m == meta));
     }
 
     /// A dead letter decided with the record's retirement; written with `ticket`.
