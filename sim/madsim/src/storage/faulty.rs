@@ -45,6 +45,7 @@ impl FaultyLog {
 impl LogPort for FaultyLog {
     fn fetch(
         &self,
+        group: GroupName,
         topic: TopicName,
         partition: Partition,
         from: Offset,
@@ -66,7 +67,15 @@ impl LogPort for FaultyLog {
                 return LogRead::Failed("injected: the broker did not answer".into());
             }
             let read = inner
-                .fetch(topic.clone(), partition, from, max, max_bytes, wait_ms)
+                .fetch(
+                    group.clone(),
+                    topic.clone(),
+                    partition,
+                    from,
+                    max,
+                    max_bytes,
+                    wait_ms,
+                )
                 .await;
             let LogRead::Records(records) = read else {
                 return read;
@@ -84,7 +93,15 @@ impl LogPort for FaultyLog {
             if from > earliest && draw(&rng, |r| r.chance(f.fetch_rewind)) {
                 let back = draw(&rng, |r| r.range(1, (from - earliest).min(8)));
                 let earlier = inner
-                    .fetch(topic, partition, from - back, back as usize, max_bytes, 0)
+                    .fetch(
+                        group,
+                        topic,
+                        partition,
+                        from - back,
+                        back as usize,
+                        max_bytes,
+                        0,
+                    )
                     .await;
                 if let LogRead::Records(mut earlier) = earlier {
                     world.count(|c| &mut c.fetch_rewinds);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use madsim_tokio as tokio;
-use unimesh_core::{Offset, Partition, TopicName};
+use unimesh_core::{GroupName, Offset, Partition, TopicName};
 use unimesh_shell::engine::{AppendError, BoxFut, LogPort, LogRead};
 use unimesh_shell::log::{partition_for_key, AppendItem};
 use unimesh_sim::rng::Rng;
@@ -185,6 +185,7 @@ impl SimLog {
 impl LogPort for SimLog {
     fn fetch(
         &self,
+        _group: GroupName,
         topic: TopicName,
         partition: Partition,
         from: Offset,
