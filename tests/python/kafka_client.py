@@ -8,7 +8,7 @@
         # The record is keyed as the lane's last owner's (its ownership generation, the
         # highest one in the topic: shell/src/kafka/progress.rs); with `stale`, as an owner
         # replaced before it (one generation lower): a zombie's late write, which the
-        # lane's next owner must ignore.
+        # lane's next owner must ignore. Without stamped records, the lane's one key.
 
 `produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
 partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
@@ -158,9 +158,9 @@ def progress(brokers, group, topic, partition, watermark, stale=False):
     if stamped:
         gen = max(stamped) - 1 if stale else max(stamped)
         key = f"{lane}\n{gen}"
-    elif stale:
-        raise SystemExit(f"no stamped progress record of {lane!r} to be older than")
     else:
+        # Unstamped records (a shell that does not fence): one key per lane, the newest
+        # record wins — a zombie's write is just that.
         key = lane
     producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
     producer.produce("unimesh.progress", key=key.encode(), value=value)
