@@ -437,7 +437,7 @@ impl GroupContext {
             tracing::error!(group = %self.group, error = %e, "cannot take the assignment");
             return;
         }
-        tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, "Kafka assigned partitions");
+        tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, generation = ?gen, "Kafka assigned partitions");
         let _ = self.events.blocking_send(GroupEvent::Assigned {
             group: self.group.clone(),
             partitions: assignments,
@@ -881,6 +881,7 @@ fn expire_fetches(ctx: &GroupContext) {
 /// The group generation the consumer is in, as librdkafka's group metadata reports it
 /// (madsim-rdkafka exposes the metadata only as an opaque handle for transactions, so its
 /// one getter is called directly). `None` when there is no group or no generation yet.
+#[cfg(not(madsim))]
 fn group_generation(native: &NativeClient) -> Option<i32> {
     use madsim_rdkafka::bindings as rd;
     // SAFETY: `native.ptr()` is the live handle of the consumer that `native` borrows.
@@ -896,6 +897,12 @@ fn group_generation(native: &NativeClient) -> Option<i32> {
         gen
     };
     (gen >= 0).then_some(gen)
+}
+
+/// madsim-rdkafka's simulated broker has no consumer groups, hence no generations.
+#[cfg(madsim)]
+fn group_generation(_native: &NativeClient) -> Option<i32> {
+    None
 }
 
 /// The partitions of `topic` in a list. (madsim-rdkafka's `elements_for_topic` builds a
