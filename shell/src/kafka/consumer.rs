@@ -403,6 +403,7 @@ impl GroupContext {
                 }
             };
             let chosen = stored.get(&p).cloned().unwrap_or_default();
+            tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), committed = ?committed.get(&p), end, "progress read at assignment");
             log.inner.progress.own(&self.group, p, gen, chosen.stale);
             let checkpoint = match (chosen.checkpoint.as_ref(), committed.get(&p)) {
                 (Some(cp), Some(&c)) if c > cp.progress.watermark() => Some(Checkpoint::new(c)),

@@ -31,8 +31,9 @@
 //! zombie's late record would be the newest of the key and compaction would delete the
 //! new owner's. So a lane has one key per ownership, and a reader given the lane in
 //! generation `g` takes the record of the highest generation not above `g` (one above `g`
-//! is from an earlier life of the group: Kafka restarts generations when it deletes an
-//! empty group) — see [`choose`]. After its first durable write, the new owner deletes
+//! is from an earlier life of the group: a broker restarts generations when it deletes an
+//! empty group; only when every record is above `g` is the highest taken) — see
+//! [`choose`]. After its first durable write, the new owner deletes
 //! (tombstones) every other key of the lane it saw, so keys stay bounded. A record
 //! without a generation (the three-part key: a client that reports none) ranks below every
 //! stamped one.
@@ -101,8 +102,12 @@ fn parse_progress_key(key: &str) -> Option<(&str, OwnerGen)> {
 
 /// The fence: of a lane's progress records (by ownership generation), the one a reader
 /// given the lane in generation `reader` resumes from — the highest generation not above
-/// `reader` (every generation when `reader` is unknown) — and the generations whose keys
-/// the reader deletes after its own first durable write (all but its own).
+/// `reader` (every generation when `reader` is unknown); when every record is above it,
+/// the group's generations started again (a broker deleted the empty group: librdkafka's
+/// mock cluster does at once, Kafka once its offsets expire) and the highest one is the
+/// last owner of the group's earlier life — and the generations whose keys the reader
+/// deletes after its own first durable write (all but its own), so records of an earlier
+/// life never outrank the new life's.
 pub(super) fn choose(
     records: &BTreeMap<OwnerGen, Checkpoint>,
     reader: OwnerGen,
@@ -110,6 +115,7 @@ pub(super) fn choose(
     let winner = records
         .range(..=reader.map_or(Some(i32::MAX), Some))
         .next_back()
+        .or_else(|| records.iter().next_back())
         .map(|(&g, cp)| (g, cp));
     let stale = records.keys().copied().filter(|&g| g != reader).collect();
     (winner, stale)
@@ -840,9 +846,11 @@ mod tests {
         assert_eq!(st.chosen("g", "t", 1, Some(8)), None);
     }
 
-    /// Goal: a group Kafka deleted and recreated (generations start again) does not pin
-    /// its lanes to a record of its earlier life. Method: a reader in generation 2 sees a
-    /// record of generation 9: it is ignored (and deleted), the lower one is taken.
+    /// Goal: a group the broker deleted and recreated (generations start again) neither
+    /// pins its lanes to a record of its earlier life nor forgets that life's progress.
+    /// Method: a reader in generation 2 sees records of generations 1 and 9: 9 is of the
+    /// earlier life, 1 of this one, which is taken (and both deleted after its write);
+    /// seeing only 9 (the last owner before the group emptied), it takes 9.
     #[test]
     fn a_record_above_the_readers_generation_is_from_an_earlier_group() {
         let recs = records(&[(Some(1), 30), (Some(9), 50)]);
@@ -853,8 +861,12 @@ mod tests {
         );
         assert_eq!(stale, vec![Some(1), Some(9)]);
         let only_later = records(&[(Some(9), 50)]);
-        let (winner, _) = choose(&only_later, Some(2));
-        assert_eq!(winner, None);
+        let (winner, stale) = choose(&only_later, Some(2));
+        assert_eq!(
+            winner.map(|(g, cp)| (g, cp.progress.watermark())),
+            Some((Some(9), 50))
+        );
+        assert_eq!(stale, vec![Some(9)]);
         // A reader that knows no generation takes the highest and deletes all stamped keys.
         let (winner, stale) = choose(&recs, None);
         assert_eq!(winner.map(|(g, _)| g), Some(Some(9)));
