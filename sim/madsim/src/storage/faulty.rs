@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use madsim_tokio as tokio;
 use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, TopicName};
-use unimesh_shell::engine::{AppendError, BoxFut, LogMetrics, LogPort, LogRead, StatePort};
+use unimesh_shell::engine::{
+    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
+};
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded};
 use unimesh_sim::rng::Rng;
@@ -173,6 +175,37 @@ impl LogPort for FaultyLog {
 
     fn metrics(&self) -> Option<LogMetrics> {
         self.inner.metrics()
+    }
+
+    // A broker that assigns partitions (Kafka) is reached as it is: faults distort what
+    // reads and writes answer, not who owns what.
+
+    fn assigns_partitions(&self) -> bool {
+        self.inner.assigns_partitions()
+    }
+
+    fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
+        self.inner.attach(events)
+    }
+
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
+        self.inner.join(group, topic)
+    }
+
+    fn leave(&self, group: &GroupName) {
+        self.inner.leave(group)
+    }
+
+    fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset) {
+        self.inner.commit(group, topic, partition, offset)
+    }
+
+    fn instance(&self) -> Option<String> {
+        self.inner.instance()
+    }
+
+    fn close(&self) -> BoxFut<()> {
+        self.inner.close()
     }
 }
 
