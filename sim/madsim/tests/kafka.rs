@@ -7,7 +7,9 @@
 //! never delivered again".
 //!
 //! - `kafka_sweep`: `UNIMESH_KAFKA_SEEDS` seeds (default 24) from `MADSIM_TEST_SEED`
-//!   (default 0); every failure printed with its replay command.
+//!   (default 0); every failure printed with its replay command. With
+//!   `MADSIM_TEST_CHECK_DETERMINISM` set, every seed goes through madsim's determinism
+//!   check (run twice, every random draw compared) and a third run's trace hash is compared.
 //! - `kafka_replay`: the seed in `MADSIM_TEST_SEED` (default 0), with its report.
 //! - `kafka_same_seed_same_trace`: a seed run twice gives the same trace; with
 //!   `MADSIM_TEST_CHECK_DETERMINISM` set, also madsim's own check (every random draw).
@@ -30,8 +32,14 @@ fn kafka_sweep() {
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     let mut counts = Counts::default();
+    let determinism = std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some();
     for seed in from..from + n {
-        match run_seed_on(seed, kafka_backend) {
+        let run = if determinism {
+            check_determinism_kafka(seed)
+        } else {
+            run_seed_on(seed, kafka_backend)
+        };
+        match run {
             Ok(r) => counts += &r.counts,
             Err(f) => {
                 eprintln!("{f}");
@@ -42,7 +50,7 @@ fn kafka_sweep() {
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "kafka: {n} seeds in {secs:.1} s ({:.2} seeds/s); injected: {counts}",
+        "kafka: {n} seeds in {secs:.1} s ({:.2} seeds/s, determinism checked: {determinism}); injected: {counts}",
         n as f64 / secs.max(1e-9)
     );
     assert!(failed.is_empty(), "failing seeds on Kafka: {failed:?}");
