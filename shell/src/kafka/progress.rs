@@ -19,14 +19,19 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(madsim))]
+use std::time::Instant;
 
-use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+use madsim_rdkafka::consumer::BaseConsumer;
+#[cfg(not(madsim))]
+use madsim_rdkafka::consumer::Consumer;
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{
-    Checkpoint, DlqKey, GroupName, Partition, PersistBatch, Progress, RateRule, TopicName,
+    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Partition, PersistBatch, Progress, RateRule,
+    TopicName,
 };
 
 use super::log::{lock, KafkaLog};
@@ -38,6 +43,15 @@ use crate::state::{DlqEntry, Loaded};
 /// The key of a lane's progress record.
 pub(super) fn progress_key(group: &str, topic: &str, partition: Partition) -> String {
     format!("{group}\n{topic}\n{partition}")
+}
+
+/// The key and value of the progress record `KafkaState` writes for `lane` (with at most
+/// `max_ranges` ranges), and how many ranges and attempt counts the bound dropped. Public
+/// so a simulation can recognise the record at the broker.
+pub fn progress_record(lane: &LaneCheckpoint, max_ranges: usize) -> (String, Vec<u8>, u64) {
+    let (cp, dropped) = bounded(&lane.checkpoint, max_ranges);
+    let key = progress_key(lane.group.as_str(), lane.topic.as_str(), lane.partition);
+    (key, cp.encode(), dropped)
 }
 
 /// `cp` with at most `max` ranges and `max` attempt counts, and how many were dropped.
@@ -67,6 +81,10 @@ pub(super) struct ProgressReader {
 struct ReaderState {
     assigned: Option<i32>,
     view: BTreeMap<String, Checkpoint>,
+    /// Under madsim (whose consumer has no `position`): the next offset to read, per
+    /// partition.
+    #[cfg(madsim)]
+    next: BTreeMap<i32, i64>,
 }
 
 impl ProgressReader {
@@ -150,6 +168,16 @@ impl ProgressReader {
                 .map_err(|e| format!("progress topic offsets: {e}"))?;
             highs.insert(p, hi);
         }
+        self.read_up_to(st, &highs).await
+    }
+
+    /// Reads until every partition's position reaches `highs`.
+    #[cfg(not(madsim))]
+    async fn read_up_to(
+        &self,
+        st: &mut ReaderState,
+        highs: &BTreeMap<i32, i64>,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let caught_up = match self.consumer.position() {
@@ -173,25 +201,63 @@ impl ProgressReader {
             match self.consumer.poll(Duration::from_millis(20)) {
                 None => {}
                 Some(Err(e)) => tracing::warn!(error = %e, "progress topic read error"),
+                Some(Ok(m)) => st.take(&m),
+            }
+        }
+    }
+
+    /// Reads until every partition's next offset reaches `highs` (the simulated consumer
+    /// has no `position`: the offsets of what it returned tell it).
+    #[cfg(madsim)]
+    async fn read_up_to(
+        &self,
+        st: &mut ReaderState,
+        highs: &BTreeMap<i32, i64>,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            let caught_up = highs
+                .iter()
+                .all(|(p, &hi)| hi <= 0 || st.next.get(p).is_some_and(|&n| n >= hi));
+            if caught_up {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "the progress topic could not be read to its end within {:?}",
+                    self.timeout
+                ));
+            }
+            match self.consumer.poll(Duration::from_millis(20)).await {
+                None => tokio::time::sleep(Duration::from_millis(5)).await,
+                Some(Err(e)) => tracing::warn!(error = %e, "progress topic read error"),
                 Some(Ok(m)) => {
-                    let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-                        continue;
-                    };
-                    match m.payload() {
-                        None => {
-                            st.view.remove(key);
-                        }
-                        Some(v) => match Checkpoint::decode(v) {
-                            Ok(cp) => {
-                                st.view.insert(key.to_owned(), cp);
-                            }
-                            Err(e) => {
-                                tracing::error!(%key, error = %e, "corrupt progress record ignored")
-                            }
-                        },
-                    }
+                    st.next.insert(m.partition(), m.offset() + 1);
+                    st.take(&m);
                 }
             }
+        }
+    }
+}
+
+impl ReaderState {
+    /// One record of the progress topic: the newest of a key wins; a tombstone deletes it.
+    fn take<M: Message>(&mut self, m: &M) {
+        let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+            return;
+        };
+        match m.payload() {
+            None => {
+                self.view.remove(key);
+            }
+            Some(v) => match Checkpoint::decode(v) {
+                Ok(cp) => {
+                    self.view.insert(key.to_owned(), cp);
+                }
+                Err(e) => {
+                    tracing::error!(%key, error = %e, "corrupt progress record ignored")
+                }
+            },
         }
     }
 }
@@ -289,15 +355,13 @@ impl StatePort for KafkaState {
                 pending.push(super::dlq::resolve(&log, topic, key)?);
             }
             for lane in &batch.checkpoints {
-                let (cp, dropped) = bounded(&lane.checkpoint, s.max_progress_ranges);
+                let (key, value, dropped) = progress_record(lane, s.max_progress_ranges);
                 if dropped > 0 {
                     inner
                         .counters
                         .progress_ranges_dropped
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
-                let key = progress_key(lane.group.as_str(), lane.topic.as_str(), lane.partition);
-                let value = cp.encode();
                 let record = FutureRecord::to(&s.progress_topic)
                     .key(&key)
                     .payload(&value);
@@ -326,6 +390,9 @@ impl StatePort for KafkaState {
             let Some(topic) = topic else {
                 return Ok(Vec::new());
             };
+            #[cfg(madsim)]
+            return super::dlq::list(&log, &group, &topic, max).await;
+            #[cfg(not(madsim))]
             tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic, max))
                 .await
                 .map_err(|e| format!("DLQ read failed: {e}"))?
