@@ -259,13 +259,20 @@ pub enum DeadLetterReason {
     Undecodable(String),
 }
 
+impl DeadLetterReason {
+    /// How the text of an `Undecodable` reason begins (its cause follows).
+    pub const UNDECODABLE_PREFIX: &'static str = "undecodable: ";
+}
+
 impl std::fmt::Display for DeadLetterReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DeadLetterReason::AckTimeout => f.write_str("ack-timeout"),
             DeadLetterReason::Nacked => f.write_str("nacked"),
             DeadLetterReason::ClientGone => f.write_str("client-gone"),
-            DeadLetterReason::Undecodable(why) => write!(f, "undecodable: {why}"),
+            DeadLetterReason::Undecodable(why) => {
+                write!(f, "{}{why}", DeadLetterReason::UNDECODABLE_PREFIX)
+            }
         }
     }
 }

@@ -24,7 +24,10 @@ use madsim_rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use madsim_rdkafka::producer::{FutureProducer, FutureRecord};
 use madsim_rdkafka::{ClientConfig, Message};
 use unimesh_tests::kafka::Broker;
-use unimesh_tests::{json, parse_deliveries, topic_path, Call, Options, Server, Value};
+use unimesh_tests::{
+    cpu_seconds, json, parse_deliveries, process_cpu_seconds, topic_path, Call, Options, Server,
+    Value,
+};
 
 const EVENT_BYTES: usize = 1024;
 
@@ -64,38 +67,6 @@ fn args() -> Result<Args, String> {
         }
     }
     Ok(a)
-}
-
-/// CPU seconds (user + system) this process used so far.
-fn cpu_seconds() -> f64 {
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid, writable rusage; RUSAGE_SELF needs nothing else.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return f64::NAN;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
-}
-
-/// CPU seconds (user + system) process `pid` used so far, from /proc (NaN if unreadable).
-fn process_cpu_seconds(pid: Option<u32>) -> f64 {
-    let Some(stat) = pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
-    else {
-        return f64::NAN;
-    };
-    // Fields after the command name (which may hold spaces, so split after its ')'):
-    // state is field 3, utime 14, stime 15 (proc(5)).
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return f64::NAN;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    // SAFETY: sysconf only reads a system constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    match (ticks(11), ticks(12)) {
-        (Some(u), Some(s)) if hz > 0.0 => (u + s) / hz,
-        _ => f64::NAN,
-    }
 }
 
 /// A 1 KiB JSON payload.

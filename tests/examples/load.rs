@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use unimesh_tests::{
-    binary_call, event, json, parse_deliveries, topic_path, Call, Options, Server, Value,
+    binary_call, cpu_seconds, event, json, parse_deliveries, process_cpu_seconds, topic_path, Call,
+    Options, Server, Value,
 };
 
 struct Args {
@@ -120,6 +121,8 @@ fn main() {
     let acked = Arc::new(AtomicU64::new(0));
     let redelivered = Arc::new(AtomicU64::new(0));
     let publish_url = s.http_url(&topic_path("load"));
+    let cpu0 = cpu_seconds();
+    let server_cpu0 = process_cpu_seconds(s.pid());
     let started = Instant::now();
     let mut publishers = Vec::new();
     for _ in 0..a.publishers {
@@ -223,6 +226,10 @@ fn main() {
         }
     }
     let total = started.elapsed();
+    let (client_cpu, server_cpu) = (
+        cpu_seconds() - cpu0,
+        process_cpu_seconds(s.pid()) - server_cpu0,
+    );
     for c in consumers {
         if c.join().is_err() {
             panic!("a consumer failed");
@@ -242,6 +249,11 @@ fn main() {
         total.as_secs_f64(),
         rate(acked, total),
         redelivered.load(Ordering::Relaxed)
+    );
+    // On a small machine the load client competes with the server for the same cores.
+    println!(
+        "load: CPU over the run: server {server_cpu:.2} s, load client {client_cpu:.2} s, in {:.2} s",
+        total.as_secs_f64()
     );
     let m = s.metrics();
     let count = unimesh_tests::metric(&m, "unimesh_publish_latency_seconds_count", "");
@@ -304,8 +316,23 @@ fn sse_consumer(
     let mut stream = unimesh_tests::sse::SseStream::open(addr, &path, None);
     assert_eq!(stream.status, 200, "{}", stream.body);
     let mut ids: Vec<String> = Vec::new();
+    let flush = |ids: &mut Vec<String>| {
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        ack_ids(agent, ack_url, &refs, acked);
+        ids.clear();
+    };
     while acked.load(Ordering::Relaxed) < events {
-        let Some(e) = stream.next_event() else { return };
+        let e = match stream.next_event_within(Duration::from_millis(20)) {
+            unimesh_tests::sse::Next::Event(e) => e,
+            unimesh_tests::sse::Next::End => return,
+            // Idle: ACK what arrived (every consumer may hold a tail short of a batch).
+            unimesh_tests::sse::Next::Idle => {
+                if !ids.is_empty() {
+                    flush(&mut ids);
+                }
+                continue;
+            }
+        };
         let d: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
         if d["attempt"].as_u64().is_some_and(|a| a > 1) {
             redelivered.fetch_add(1, Ordering::Relaxed);
@@ -315,9 +342,7 @@ fn sse_consumer(
         if ids.len() as u64 >= batch.min(128)
             || acked.load(Ordering::Relaxed) + ids.len() as u64 >= events
         {
-            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-            ack_ids(agent, ack_url, &refs, acked);
-            ids.clear();
+            flush(&mut ids);
         }
     }
 }

@@ -10,8 +10,8 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use unimesh_core::{
-    ClientId, Delivery, DeliveryId, DlqKey, GroupName, Offset, Partition, RateLimiter, RateRule,
-    Settle, SubscriptionSpec, TopicName,
+    ClientId, DeadLetterReason, Delivery, DeliveryId, DlqKey, GroupName, Offset, Partition,
+    RateLimiter, RateRule, RecordMeta, Settle, SubscriptionSpec, TopicName,
 };
 
 use super::api::{
@@ -250,7 +250,19 @@ impl EngineHandle {
         let keys: Vec<DlqKey> = entries.iter().map(|e| e.key.clone()).collect();
         let records = entries
             .into_iter()
-            .map(|e| (e.key.partition, decode_record((e.key.offset, e.body))))
+            .map(|e| {
+                let mut record = decode_record((e.key.offset, e.body));
+                // A record that never decoded keeps the reason it was dead-lettered with: a
+                // broker record that is not a CloudEvent (Kafka) is kept as its raw value,
+                // which the stored-form decoder would describe differently.
+                if let (RecordMeta::Undecodable(_), Some(why)) = (
+                    &record.meta,
+                    e.reason.strip_prefix(DeadLetterReason::UNDECODABLE_PREFIX),
+                ) {
+                    record.meta = RecordMeta::Undecodable(Arc::from(why));
+                }
+                (e.key.partition, record)
+            })
             .collect();
         let replay_group = group.clone();
         let started = self

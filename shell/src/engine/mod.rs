@@ -19,7 +19,6 @@ pub mod ports;
 mod records;
 mod stream;
 mod tap;
-#[cfg(not(madsim))]
 pub(crate) use records::decode_record;
 mod task;
 

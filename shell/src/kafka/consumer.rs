@@ -22,22 +22,20 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use madsim_rdkafka::client::{ClientContext, NativeClient};
 use madsim_rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol,
 };
 use madsim_rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use madsim_rdkafka::message::{BorrowedMessage, Headers};
+use madsim_rdkafka::message::BorrowedMessage;
 use madsim_rdkafka::types::RDKafkaRespErr;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
-use unimesh_core::{
-    Assignment, Checkpoint, GroupName, Offset, Partition, Record, RecordMeta, TopicName,
-};
+use unimesh_core::{Assignment, Checkpoint, GroupName, Offset, Partition, Record, TopicName};
 
 use super::log::{lock, KafkaLog};
+use super::records::decode_message;
 use crate::engine::{GroupEvent, LogRead};
 
 /// How long the consumer thread sleeps in a poll when nothing happens.
@@ -794,7 +792,7 @@ fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &Bor
         // Fetched before a seek or already answered.
         return;
     }
-    let record = to_record(m, ctx.log.settings().max_event_bytes);
+    let record = decode_message(m, ctx.log.settings().max_event_bytes);
     part.buffered_bytes += record.body.len();
     part.buffer.push_back(record);
     part.answer_if_ready();
@@ -882,7 +880,8 @@ fn expire_fetches(ctx: &GroupContext) {
 /// The group generation the consumer is in, as librdkafka's group metadata reports it
 /// (madsim-rdkafka exposes the metadata only as an opaque handle for transactions, so its
 /// one getter is called directly). `None` when there is no group or no generation yet.
-#[cfg(not(madsim))]
+/// (This module is not built under madsim, whose broker has no groups: `assigned` writes
+/// unstamped progress there.)
 fn group_generation(native: &NativeClient) -> Option<i32> {
     use madsim_rdkafka::bindings as rd;
     // SAFETY: `native.ptr()` is the live handle of the consumer that `native` borrows.
@@ -900,12 +899,6 @@ fn group_generation(native: &NativeClient) -> Option<i32> {
     (gen >= 0).then_some(gen)
 }
 
-/// madsim-rdkafka's simulated broker has no consumer groups, hence no generations.
-#[cfg(madsim)]
-fn group_generation(_native: &NativeClient) -> Option<i32> {
-    None
-}
-
 /// The partitions of `topic` in a list. (madsim-rdkafka's `elements_for_topic` builds a
 /// slice from the list's element pointer, which is null in an empty list: not called then.)
 fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> {
@@ -916,32 +909,6 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> 
         .iter()
         .map(|e| e.partition().max(0) as Partition)
         .collect()
-}
-
-/// A Kafka record as the core's record: its CloudEvent in the stored form, or the reason
-/// it carries none (the core dead-letters it).
-fn to_record(m: &BorrowedMessage<'_>, max_event_bytes: usize) -> Record {
-    let offset = m.offset().max(0) as Offset;
-    let headers: Vec<(&str, Option<&[u8]>)> = m
-        .headers()
-        .map(|h| {
-            (0..h.count())
-                .map(|i| {
-                    let x = h.get(i);
-                    (x.key, x.value)
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    match crate::event::from_kafka(&headers, m.payload(), max_event_bytes) {
-        Ok(stored) => crate::engine::decode_record((offset, stored)),
-        Err(e) => Record {
-            offset,
-            meta: RecordMeta::Undecodable(Arc::from(e.to_string())),
-            body: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
-            broker_handle: None,
-        },
-    }
 }
 
 #[cfg(test)]

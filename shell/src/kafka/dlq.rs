@@ -22,11 +22,14 @@
 //! written before records were told apart) is read as the record with an empty id.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(madsim))]
+use std::time::Instant;
 
 use bytes::Bytes;
-use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
-use madsim_rdkafka::message::{Header, Headers, OwnedHeaders};
+use madsim_rdkafka::consumer::BaseConsumer;
+#[cfg(not(madsim))]
+use madsim_rdkafka::consumer::Consumer;
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use unimesh_core::{
@@ -34,6 +37,7 @@ use unimesh_core::{
 };
 
 use super::log::KafkaLog;
+use super::records::{incoming, Outgoing};
 use crate::event::STRUCTURED_MEDIA_TYPE;
 use crate::state::DlqEntry;
 
@@ -110,7 +114,7 @@ pub(super) async fn write(
     let partition = d.key.partition.to_string();
     let offset = d.key.offset.to_string();
     let at = now_wall_ms.to_string();
-    let mut headers = OwnedHeaders::new_with_capacity(7);
+    let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(7);
     for (k, v) in [
         ("unimesh_reason", reason.as_str()),
         ("unimesh_attempts", attempts.as_str()),
@@ -119,21 +123,13 @@ pub(super) async fn write(
         ("unimesh_source_offset", offset.as_str()),
         ("unimesh_dead_lettered_at_ms", at.as_str()),
     ] {
-        headers = headers.insert(Header {
-            key: k,
-            value: Some(v),
-        });
+        headers.push((k, v.as_bytes()));
     }
     if matches!(d.record.meta, RecordMeta::Event(_)) {
-        headers = headers.insert(Header {
-            key: "content-type",
-            value: Some(STRUCTURED_MEDIA_TYPE),
-        });
+        headers.push(("content-type", STRUCTURED_MEDIA_TYPE.as_bytes()));
     }
-    let record = FutureRecord::to(&topic)
-        .key(key.as_str())
-        .payload(d.record.body.as_ref())
-        .headers(headers);
+    let out = Outgoing::new(&headers, d.record.body.as_ref());
+    let record = out.record(&topic).key(key.as_str());
     log.inner
         .producer
         .send_result(record)
@@ -197,6 +193,7 @@ impl Ledger {
 
 /// The dead letters of `group` (reading `topic`): the topic read to its end. Blocking:
 /// run it off the async workers.
+#[cfg(not(madsim))]
 pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, String> {
     let s = log.settings();
     let name = dlq_topic(topic.as_str(), group.as_str());
@@ -254,50 +251,127 @@ pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Resu
             continue;
         };
         let m = polled.map_err(|e| format!("DLQ topic read: {e}"))?;
-        let Some((partition, offset, id)) = m
-            .key()
-            .and_then(|k| std::str::from_utf8(k).ok())
-            .and_then(parse_dlq_key)
-        else {
-            continue;
-        };
-        let coords = (partition, offset);
-        let Some(body) = m.payload() else {
-            ledger.apply(coords, id, None);
-            continue;
-        };
-        let header = |name: &str| {
-            m.headers().and_then(|h| {
-                (0..h.count())
-                    .map(|i| h.get(i))
-                    .find(|x| x.key == name)
-                    .and_then(|x| x.value)
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .map(str::to_owned)
-            })
-        };
-        ledger.apply(
-            coords,
-            id,
-            Some(DlqEntry {
-                key: DlqKey {
-                    group: group.clone(),
-                    partition: coords.0,
-                    offset: coords.1,
-                },
-                topic: topic.clone(),
-                body: Bytes::copy_from_slice(body),
-                attempts: header("unimesh_attempts")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-                reason: header("unimesh_reason").unwrap_or_default(),
-                dead_lettered_at_ms: header("unimesh_dead_lettered_at_ms")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-            }),
-        );
+        take(&mut ledger, &m, group, topic);
     }
     Ok(ledger)
+}
+
+/// The dead letters of `group` (reading `topic`), as [`list`] reads them, under madsim:
+/// the simulated consumer polls asynchronously and has no `position` (the offsets of what
+/// it returned tell how far it read).
+#[cfg(madsim)]
+pub(super) async fn list(
+    log: &KafkaLog,
+    group: &GroupName,
+    topic: &TopicName,
+) -> Result<Ledger, String> {
+    use madsim_tokio as tokio;
+    let s = log.settings();
+    let name = dlq_topic(topic.as_str(), group.as_str());
+    let mut c = s.client_config();
+    c.set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = c
+        .create()
+        .await
+        .map_err(|e| format!("cannot create the DLQ reader: {e}"))?;
+    let n = match consumer
+        .fetch_metadata(Some(&name), s.request_timeout)
+        .await
+    {
+        Ok(meta) => meta
+            .topics()
+            .iter()
+            .find(|t| t.name() == name)
+            .map_or(0, |t| t.partitions().len() as i32),
+        // Nothing was ever dead-lettered for the group: the broker has no such topic.
+        Err(_) => 0,
+    };
+    if n == 0 {
+        return Ok(Ledger::default());
+    }
+    let mut tpl = TopicPartitionList::new();
+    let mut highs = BTreeMap::new();
+    for p in 0..n {
+        let _ = tpl.add_partition_offset(&name, p, KOffset::Beginning);
+        let (_, hi) = consumer
+            .fetch_watermarks(&name, p, s.request_timeout)
+            .await
+            .map_err(|e| format!("DLQ topic offsets: {e}"))?;
+        highs.insert(p, hi);
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| format!("cannot read the DLQ topic: {e}"))?;
+    let mut ledger = Ledger::default();
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + s.request_timeout;
+    loop {
+        let done = highs
+            .iter()
+            .all(|(p, &hi)| hi <= 0 || next.get(p).is_some_and(|&o| o >= hi));
+        if done {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("the DLQ topic {name} could not be read to its end"));
+        }
+        let Some(polled) = consumer.poll(Duration::from_millis(20)).await else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let m = polled.map_err(|e| format!("DLQ topic read: {e}"))?;
+        next.insert(m.partition(), m.offset() + 1);
+        take(&mut ledger, &m, group, topic);
+    }
+    Ok(ledger)
+}
+
+/// One record of a DLQ topic: the dead letter of a record at its source coordinates, or
+/// a tombstone removing it.
+fn take<M: Message>(ledger: &mut Ledger, m: &M, group: &GroupName, topic: &TopicName) {
+    let Some((partition, offset, id)) = m
+        .key()
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .and_then(parse_dlq_key)
+    else {
+        return;
+    };
+    let coords = (partition, offset);
+    let (headers, payload) = incoming(m);
+    let Some(body) = payload else {
+        ledger.apply(coords, id, None);
+        return;
+    };
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| *v)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_owned)
+    };
+    ledger.apply(
+        coords,
+        id,
+        Some(DlqEntry {
+            key: DlqKey {
+                group: group.clone(),
+                partition,
+                offset,
+            },
+            topic: topic.clone(),
+            body: Bytes::copy_from_slice(body),
+            attempts: header("unimesh_attempts")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            reason: header("unimesh_reason").unwrap_or_default(),
+            dead_lettered_at_ms: header("unimesh_dead_lettered_at_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        }),
+    );
 }
 
 #[cfg(test)]

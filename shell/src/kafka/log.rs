@@ -1,6 +1,7 @@
 //! [`KafkaLog`]: the engine's `LogPort` on a Kafka cluster.
 
 use std::collections::BTreeMap;
+#[cfg(not(madsim))]
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,15 +9,23 @@ use std::time::Duration;
 
 use madsim_rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use madsim_rdkafka::client::DefaultClientContext;
-use madsim_rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use madsim_rdkafka::message::{Header, OwnedHeaders};
-use madsim_rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+#[cfg(madsim)]
+use madsim_rdkafka::consumer::BaseConsumer;
+use madsim_rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use madsim_rdkafka::metadata::{Metadata, MetadataTopic};
+use madsim_rdkafka::producer::FutureProducer;
+#[cfg(not(madsim))]
+use madsim_rdkafka::producer::Producer as _;
 use madsim_rdkafka::ClientConfig;
 use madsim_tokio as tokio;
 use tokio::sync::mpsc;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
+#[cfg(madsim)]
+use super::assigned::AssignedConsumer as GroupConsumer;
+#[cfg(not(madsim))]
 use super::consumer::GroupConsumer;
+use super::records::Outgoing;
 use super::KafkaSettings;
 use crate::engine::{AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead};
 use crate::log::AppendItem;
@@ -43,12 +52,20 @@ pub(super) struct Inner {
     pub settings: KafkaSettings,
     pub producer: FutureProducer,
     admin: AdminClient<DefaultClientContext>,
+    /// Metadata and end offsets: the simulated producer has no client to ask them with.
+    #[cfg(madsim)]
+    meta: BaseConsumer,
+    /// Held while a topic is looked up and created: the simulated broker's "create"
+    /// replaces a topic that exists, records and all, so two must never race.
+    #[cfg(madsim)]
+    creating: tokio::sync::Mutex<()>,
     /// Partition counts of the topics seen so far.
     topics: Mutex<BTreeMap<TopicName, u32>>,
     /// (earliest, end) per partition as last read from the broker (for lag and views).
     ends: Mutex<BTreeMap<(TopicName, Partition), (Offset, Offset)>>,
     groups: Mutex<BTreeMap<GroupName, Arc<GroupConsumer>>>,
     events: Mutex<Option<mpsc::Sender<GroupEvent>>>,
+    #[cfg(not(madsim))]
     pub runtime: tokio::runtime::Handle,
     pub counters: KafkaCounters,
     pub progress: Arc<super::progress::ProgressReader>,
@@ -71,6 +88,8 @@ impl KafkaSettings {
 
 /// Runs `f` to completion from synchronous code on the engine's runtime, on a thread of
 /// its own (so it may be called from inside the runtime without blocking it re-entrantly).
+/// Not under madsim: one simulator thread cannot wait for itself (see the `LogPort` impl).
+#[cfg(not(madsim))]
 pub(super) fn block_on<F>(runtime: &tokio::runtime::Handle, f: F) -> F::Output
 where
     F: Future + Send,
@@ -107,18 +126,28 @@ impl KafkaLog {
             .create()
             .await
             .map_err(|e| format!("cannot create the Kafka admin client: {e}"))?;
-        let runtime = tokio::runtime::Handle::current();
+        #[cfg(madsim)]
+        let meta: BaseConsumer = settings
+            .client_config()
+            .create()
+            .await
+            .map_err(|e| format!("cannot create the Kafka metadata client: {e}"))?;
         let progress = Arc::new(super::progress::ProgressReader::new(&settings).await?);
         let log = Self {
             inner: Arc::new(Inner {
                 settings,
                 producer,
                 admin,
+                #[cfg(madsim)]
+                meta,
+                #[cfg(madsim)]
+                creating: tokio::sync::Mutex::new(()),
                 topics: Mutex::new(BTreeMap::new()),
                 ends: Mutex::new(BTreeMap::new()),
                 groups: Mutex::new(BTreeMap::new()),
                 events: Mutex::new(None),
-                runtime,
+                #[cfg(not(madsim))]
+                runtime: tokio::runtime::Handle::current(),
                 counters: KafkaCounters::default(),
                 progress,
             }),
@@ -132,7 +161,68 @@ impl KafkaLog {
                 .await
                 .map_err(|e| format!("cannot create the {what} topic {topic}: {e:?}"))?;
         }
+        #[cfg(madsim)]
+        log.preload().await?;
         Ok(log)
+    }
+
+    /// Under madsim the synchronous questions of the `LogPort` are answered from what was
+    /// read last: every topic the broker has, and their offsets, are read once at open.
+    #[cfg(madsim)]
+    async fn preload(&self) -> Result<(), String> {
+        let meta = self
+            .metadata(None)
+            .await
+            .map_err(|e| format!("Kafka metadata request failed: {e}"))?;
+        let mut listed = Vec::new();
+        for t in meta.topics() {
+            let Ok(name) = TopicName::new(t.name()) else {
+                continue;
+            };
+            if topic_listed(t) {
+                let n = t.partitions().len() as u32;
+                lock(&self.inner.topics).insert(name.clone(), n);
+                listed.push((name, n));
+            }
+        }
+        for (t, n) in listed {
+            for p in 0..n {
+                self.watermarks(&t, p).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Metadata of one topic, or of all.
+    async fn metadata(&self, topic: Option<&str>) -> KafkaResult<Metadata> {
+        let timeout = self.inner.settings.request_timeout;
+        #[cfg(not(madsim))]
+        let meta = self
+            .inner
+            .producer
+            .client()
+            .fetch_metadata(topic, timeout)
+            .await;
+        #[cfg(madsim)]
+        let meta = self.inner.meta.fetch_metadata(topic, timeout).await;
+        meta
+    }
+
+    /// The partition count of `topic` as the broker lists it, None when it has none.
+    async fn listed_partitions(&self, topic: &TopicName) -> KafkaResult<Option<u32>> {
+        let meta = match self.metadata(Some(topic.as_str())).await {
+            Ok(m) => m,
+            // The simulated broker answers a topic it does not have with an error.
+            #[cfg(madsim)]
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopic)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(meta
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic.as_str())
+            .filter(|t| topic_listed(t))
+            .map(|t| t.partitions().len() as u32))
     }
 
     pub fn counters(&self) -> &KafkaCounters {
@@ -153,24 +243,13 @@ impl KafkaLog {
         if let Some(&n) = lock(&self.inner.topics).get(topic) {
             return Ok(n);
         }
-        let s = &self.inner.settings;
+        #[cfg(madsim)]
+        let _creating = self.inner.creating.lock().await;
         let mut created = false;
         for _ in 0..20 {
-            let meta = self
-                .inner
-                .producer
-                .client()
-                .fetch_metadata(Some(topic.as_str()), s.request_timeout)
-                .await
-                .map_err(|e| {
-                    AppendError::Unavailable(format!("Kafka metadata request failed: {e}"))
-                })?;
-            let found = meta
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic.as_str())
-                .filter(|t| t.error().is_none() && !t.partitions().is_empty())
-                .map(|t| t.partitions().len() as u32);
+            let found = self.listed_partitions(topic).await.map_err(|e| {
+                AppendError::Unavailable(format!("Kafka metadata request failed: {e}"))
+            })?;
             if let Some(n) = found {
                 lock(&self.inner.topics).insert(topic.clone(), n);
                 return Ok(n);
@@ -188,9 +267,14 @@ impl KafkaLog {
 
     async fn create_topic(&self, topic: &TopicName, compacted: bool) -> Result<(), AppendError> {
         let s = &self.inner.settings;
+        let partitions = s.default_partitions as i32;
+        // The simulated broker ignores keys (it places records round robin), so a
+        // compacted topic whose newest record of a key must win has one partition there.
+        #[cfg(madsim)]
+        let partitions = if compacted { 1 } else { partitions };
         let mut new = NewTopic::new(
             topic.as_str(),
-            s.default_partitions as i32,
+            partitions,
             TopicReplication::Fixed(s.replication),
         );
         if compacted {
@@ -213,7 +297,7 @@ impl KafkaLog {
                 }
             }
         }
-        tracing::info!(%topic, partitions = s.default_partitions, replication = s.replication, compacted, "topic created");
+        tracing::info!(%topic, partitions, replication = s.replication, compacted, "topic created");
         Ok(())
     }
 
@@ -223,15 +307,13 @@ impl KafkaLog {
         topic: &TopicName,
         partition: Partition,
     ) -> Result<(Offset, Offset), String> {
-        let (lo, hi) = self
-            .inner
-            .producer
-            .client()
-            .fetch_watermarks(
-                topic.as_str(),
-                partition as i32,
-                self.inner.settings.request_timeout,
-            )
+        let timeout = self.inner.settings.request_timeout;
+        #[cfg(not(madsim))]
+        let client = self.inner.producer.client();
+        #[cfg(madsim)]
+        let client = &self.inner.meta;
+        let (lo, hi) = client
+            .fetch_watermarks(topic.as_str(), partition as i32, timeout)
             .await
             .map_err(|e| format!("cannot read the offsets of {topic}/{partition}: {e}"))?;
         let pair = (lo.max(0) as Offset, hi.max(0) as Offset);
@@ -240,6 +322,7 @@ impl KafkaLog {
     }
 
     /// (earliest, end) of a partition as last read, without asking the broker.
+    #[cfg(not(madsim))]
     pub(super) fn cached_offsets(
         &self,
         topic: &TopicName,
@@ -275,6 +358,16 @@ impl KafkaLog {
     fn events(&self) -> Option<mpsc::Sender<GroupEvent>> {
         lock(&self.inner.events).clone()
     }
+}
+
+/// Whether the broker lists `t` as a usable topic.
+fn topic_listed(t: &MetadataTopic) -> bool {
+    #[cfg(not(madsim))]
+    let ok = t.error().is_none();
+    // The simulated broker lists only topics it has, without errors.
+    #[cfg(madsim)]
+    let ok = true;
+    ok && !t.partitions().is_empty()
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -323,21 +416,17 @@ impl LogPort for KafkaLog {
             for item in &items {
                 let record = crate::event::to_kafka(&item.value)
                     .map_err(|e| AppendError::Invalid(e.to_string()))?;
-                let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-                for (k, v) in &record.headers {
-                    headers = headers.insert(Header {
-                        key: k,
-                        value: Some(v),
-                    });
-                }
-                let mut fr = FutureRecord::to(topic.as_str())
-                    .payload(record.value.as_ref())
-                    .headers(headers);
+                let headers: Vec<(&str, &[u8])> = record
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_ref()))
+                    .collect();
+                let out = Outgoing::new(&headers, record.value.as_ref());
+                let mut fr = out.record(topic.as_str());
                 if let Some(k) = &item.key {
                     fr = fr.key(k.as_str());
                 }
                 // Queue full: wait for earlier reports to drain, then queue again.
-                let mut fr = fr;
                 let fut = loop {
                     match inner.producer.send_result(fr) {
                         Ok(f) => break f,
@@ -394,7 +483,18 @@ impl LogPort for KafkaLog {
         if let Some(&n) = lock(&self.inner.topics).get(topic) {
             return Ok(n);
         }
-        block_on(&self.inner.runtime, self.topic_partitions(topic, false))
+        #[cfg(not(madsim))]
+        return block_on(&self.inner.runtime, self.topic_partitions(topic, false));
+        // Under madsim the answer comes later: the topic is looked up (and created) in the
+        // background, and the caller is told to try again.
+        #[cfg(madsim)]
+        {
+            let (log, t) = (self.clone(), topic.clone());
+            tokio::spawn(async move { log.topic_partitions(&t, false).await });
+            Err(AppendError::Unavailable(format!(
+                "topic {topic} is being looked up at the broker; try again"
+            )))
+        }
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
@@ -402,28 +502,38 @@ impl LogPort for KafkaLog {
             return Some(n);
         }
         // A topic another instance (or another producer) created.
-        block_on(&self.inner.runtime, async {
-            let meta = self
-                .inner
-                .producer
-                .client()
-                .fetch_metadata(Some(topic.as_str()), self.inner.settings.request_timeout)
-                .await
-                .ok()?;
-            let t = meta.topics().iter().find(|t| t.name() == topic.as_str())?;
-            (t.error().is_none() && !t.partitions().is_empty()).then(|| {
-                let n = t.partitions().len() as u32;
-                lock(&self.inner.topics).insert(topic.clone(), n);
-                n
-            })
-        })
+        #[cfg(not(madsim))]
+        return block_on(&self.inner.runtime, async {
+            let n = self.listed_partitions(topic).await.ok()??;
+            lock(&self.inner.topics).insert(topic.clone(), n);
+            Some(n)
+        });
+        #[cfg(madsim)]
+        {
+            let (log, t) = (self.clone(), topic.clone());
+            tokio::spawn(async move {
+                if let Ok(Some(n)) = log.listed_partitions(&t).await {
+                    lock(&log.inner.topics).insert(t, n);
+                }
+            });
+            None
+        }
     }
 
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
         if let Some(&pair) = lock(&self.inner.ends).get(&(topic.clone(), partition)) {
             return Ok(pair);
         }
-        block_on(&self.inner.runtime, self.watermarks(topic, partition))
+        #[cfg(not(madsim))]
+        return block_on(&self.inner.runtime, self.watermarks(topic, partition));
+        #[cfg(madsim)]
+        {
+            let (log, t) = (self.clone(), topic.clone());
+            tokio::spawn(async move { log.watermarks(&t, partition).await });
+            Err(format!(
+                "the offsets of {topic}/{partition} are being read from the broker; try again"
+            ))
+        }
     }
 
     fn enforce_retention(&self) -> Result<usize, String> {
@@ -489,6 +599,14 @@ impl LogPort for KafkaLog {
         let consumers: Vec<Arc<GroupConsumer>> = std::mem::take(&mut *lock(&self.inner.groups))
             .into_values()
             .collect();
+        #[cfg(madsim)]
+        return Box::pin(async move {
+            // Explicit assignment revokes nothing: the progress is in the progress topic.
+            for c in &consumers {
+                c.stop();
+            }
+        });
+        #[cfg(not(madsim))]
         Box::pin(async move {
             // Closing revokes: each consumer's callback waits for the engine to flush.
             let _ = tokio::task::spawn_blocking(move || {

@@ -22,27 +22,29 @@
 //!   progress topic and committed; from then on the core issues no effect for the
 //!   partition (late ACKs answer `revoked`).
 //!
-//! Under the madsim simulator (`--cfg madsim`) the consumer-group parts are not built:
-//! madsim-rdkafka's simulated broker has no consumer groups.
+//! Under the madsim simulator (`--cfg madsim`) madsim-rdkafka's simulated broker has no
+//! consumer groups and no committed offsets, so the group-coordinator parts (`consumer`,
+//! the shared `subscriptions` watcher) are not built there. In their place `assigned`: one
+//! instance owns every partition of a group by explicit assignment, resumes each from its
+//! progress record, and keeps the watermark in the progress topic only (see `assigned`).
 
+#[cfg(madsim)]
+mod assigned;
 #[cfg(not(madsim))]
 mod consumer;
-#[cfg(not(madsim))]
 mod dlq;
-#[cfg(not(madsim))]
 mod log;
-#[cfg(not(madsim))]
 mod progress;
+mod records;
 #[cfg(not(madsim))]
 mod subscriptions;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-#[cfg(not(madsim))]
 pub use log::KafkaLog;
-#[cfg(not(madsim))]
 pub use progress::KafkaState;
+pub use records::decode_message;
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;
 

@@ -48,14 +48,19 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(madsim))]
+use std::time::Instant;
 
-use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+use madsim_rdkafka::consumer::BaseConsumer;
+#[cfg(not(madsim))]
+use madsim_rdkafka::consumer::Consumer;
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{
-    Checkpoint, DlqKey, GroupName, Partition, PersistBatch, Progress, RateRule, TopicName,
+    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Partition, PersistBatch, Progress, RateRule,
+    TopicName,
 };
 
 use super::log::{lock, KafkaLog};
@@ -141,6 +146,24 @@ struct Ownership {
 /// The ownership generation and stale keys of each lane checkpoint of a batch.
 pub(super) type Stamps = Vec<(OwnerGen, Vec<String>)>;
 
+/// The key and value of the progress record written for `lane` under ownership
+/// generation `gen` (with at most `max_ranges` ranges), and how many ranges and attempt
+/// counts the bound dropped.
+pub(super) fn progress_record(
+    lane: &LaneCheckpoint,
+    gen: OwnerGen,
+    max_ranges: usize,
+) -> (String, Vec<u8>, u64) {
+    let (cp, dropped) = bounded(&lane.checkpoint, max_ranges);
+    let key = progress_key(
+        lane.group.as_str(),
+        lane.topic.as_str(),
+        lane.partition,
+        gen,
+    );
+    (key, cp.encode(), dropped)
+}
+
 /// `cp` with at most `max` ranges and `max` attempt counts, and how many were dropped.
 pub(super) fn bounded(cp: &Checkpoint, max: usize) -> (Checkpoint, u64) {
     let ranges = cp.progress.range_count();
@@ -171,9 +194,26 @@ struct ReaderState {
     assigned: Option<i32>,
     /// Per lane key, its records by ownership generation.
     view: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
+    /// Under madsim (whose consumer has no `position`): the next offset to read, per
+    /// partition.
+    #[cfg(madsim)]
+    next: BTreeMap<i32, i64>,
 }
 
 impl ReaderState {
+    /// One record of the progress topic as read: decoded and absorbed; a corrupt one is
+    /// logged and ignored.
+    fn take<M: Message>(&mut self, m: &M) {
+        let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+            return;
+        };
+        match m.payload().map(Checkpoint::decode) {
+            None => self.absorb(key, None),
+            Some(Ok(cp)) => self.absorb(key, Some(cp)),
+            Some(Err(e)) => tracing::error!(%key, error = %e, "corrupt progress record ignored"),
+        }
+    }
+
     /// One record of the progress topic, in the topic's order: a lane's record under an
     /// ownership generation, or its deletion (`None`).
     fn absorb(&mut self, key: &str, value: Option<Checkpoint>) {
@@ -348,6 +388,16 @@ impl ProgressReader {
                 .map_err(|e| format!("progress topic offsets: {e}"))?;
             highs.insert(p, hi);
         }
+        self.read_up_to(st, &highs).await
+    }
+
+    /// Reads until every partition's position reaches `highs`.
+    #[cfg(not(madsim))]
+    async fn read_up_to(
+        &self,
+        st: &mut ReaderState,
+        highs: &BTreeMap<i32, i64>,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let caught_up = match self.consumer.position() {
@@ -371,17 +421,39 @@ impl ProgressReader {
             match self.consumer.poll(Duration::from_millis(20)) {
                 None => {}
                 Some(Err(e)) => tracing::warn!(error = %e, "progress topic read error"),
+                Some(Ok(m)) => st.take(&m),
+            }
+        }
+    }
+
+    /// Reads until every partition's next offset reaches `highs` (the simulated consumer
+    /// has no `position`: the offsets of what it returned tell it).
+    #[cfg(madsim)]
+    async fn read_up_to(
+        &self,
+        st: &mut ReaderState,
+        highs: &BTreeMap<i32, i64>,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            let caught_up = highs
+                .iter()
+                .all(|(p, &hi)| hi <= 0 || st.next.get(p).is_some_and(|&n| n >= hi));
+            if caught_up {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "the progress topic could not be read to its end within {:?}",
+                    self.timeout
+                ));
+            }
+            match self.consumer.poll(Duration::from_millis(20)).await {
+                None => tokio::time::sleep(Duration::from_millis(5)).await,
+                Some(Err(e)) => tracing::warn!(error = %e, "progress topic read error"),
                 Some(Ok(m)) => {
-                    let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-                        continue;
-                    };
-                    match m.payload().map(Checkpoint::decode) {
-                        None => st.absorb(key, None),
-                        Some(Ok(cp)) => st.absorb(key, Some(cp)),
-                        Some(Err(e)) => {
-                            tracing::error!(%key, error = %e, "corrupt progress record ignored")
-                        }
-                    }
+                    st.next.insert(m.partition(), m.offset() + 1);
+                    st.take(&m);
                 }
             }
         }
@@ -412,7 +484,26 @@ impl KafkaState {
         }
     }
 
-    /// The DLQ ledger of `group`, read to its end off the async workers.
+    /// The key and value of the progress record [`StatePort::apply`] would write for
+    /// `lane` now (stamped with this instance's ownership generation, bounded), and how
+    /// many ranges and attempt counts the bound dropped; why not when the lane is not owned
+    /// here (the batch is fenced). Public so a simulation can recognise the record at the
+    /// broker.
+    pub fn progress_record(&self, lane: &LaneCheckpoint) -> Result<(String, Vec<u8>, u64), String> {
+        let one = PersistBatch {
+            checkpoints: vec![lane.clone()],
+            ..PersistBatch::default()
+        };
+        let gen = match self.log.inner.progress.stamps(&one)?.first() {
+            Some(&(gen, _)) => gen,
+            None => None,
+        };
+        let max = self.log.settings().max_progress_ranges;
+        Ok(progress_record(lane, gen, max))
+    }
+
+    /// The DLQ ledger of `group`, read to its end (off the async workers; under madsim by
+    /// the simulated consumer's async polls).
     fn ledger(&self, group: GroupName) -> BoxFut<Result<super::dlq::Ledger, String>> {
         let topic = lock(&self.topics).get(&group).cloned();
         let log = self.log.clone();
@@ -420,6 +511,9 @@ impl KafkaState {
             let Some(topic) = topic else {
                 return Ok(super::dlq::Ledger::default());
             };
+            #[cfg(madsim)]
+            return super::dlq::list(&log, &group, &topic).await;
+            #[cfg(not(madsim))]
             tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic))
                 .await
                 .map_err(|e| format!("DLQ read failed: {e}"))?
@@ -547,20 +641,13 @@ impl StatePort for KafkaState {
                 pending.push(super::dlq::resolve(&log, topic, key, id)?);
             }
             for (lane, (gen, _)) in batch.checkpoints.iter().zip(&stamps) {
-                let (cp, dropped) = bounded(&lane.checkpoint, s.max_progress_ranges);
+                let (key, value, dropped) = progress_record(lane, *gen, s.max_progress_ranges);
                 if dropped > 0 {
                     inner
                         .counters
                         .progress_ranges_dropped
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
-                let key = progress_key(
-                    lane.group.as_str(),
-                    lane.topic.as_str(),
-                    lane.partition,
-                    *gen,
-                );
-                let value = cp.encode();
                 let record = FutureRecord::to(&s.progress_topic)
                     .key(&key)
                     .payload(&value);

@@ -32,6 +32,7 @@ counters!(
     kills,
     graceful_stops,
     restarts,
+    resumed_from_progress,
     clock_jumps,
     append_failures,
     appends_failed_but_written,

@@ -60,7 +60,16 @@ pub fn engine_config(opts: &Options) -> EngineConfig {
 pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>) {
     let inc = u64::from(world.incarnations()) + 1;
     let mut rng = Rng::new(world.opts.seed ^ (inc << 40) ^ 0x6e6f_6465);
-    let (log, state) = backend.ports(&world, rng.fork());
+    let (log, state) = match backend.ports(&world, rng.fork()).await {
+        Ok(ports) => ports,
+        Err(e) => {
+            world.fail(violation(
+                Clause::Core,
+                format!("the {} storage did not open: {e}", backend.name()),
+            ));
+            return;
+        }
+    };
     let log = Arc::new(FaultyLog::new(log, world.clone(), rng.fork()));
     let state = Arc::new(FaultyState::new(state, world.clone(), rng.fork()));
     let tap: Arc<dyn EngineTap> = Arc::new(Observer(world.clone()));

@@ -25,7 +25,7 @@ pub fn exp(rng: &mut Rng, mean_ms: Millis) -> Duration {
 
 /// Kills the mesh node now and then, and restarts it after a downtime; returns once
 /// faults stopped, with the node up.
-pub async fn kills(world: Arc<World>, node: NodeId, mut rng: Rng) {
+pub async fn kills(world: Arc<World>, backend: Arc<dyn Backend>, node: NodeId, mut rng: Rng) {
     let f = world.opts.faults.clone();
     if f.kill_every_ms == 0 {
         return;
@@ -44,6 +44,7 @@ pub async fn kills(world: Arc<World>, node: NodeId, mut rng: Rng) {
             }
         }
         Handle::current().kill(node);
+        backend.killed(&world).await;
         world.crashed();
         let down = rng.range(0, f.down_ms);
         if down > 0 {

@@ -362,20 +362,30 @@ impl World {
             Ok(m) => RecordMeta::Event(Arc::new(m)),
             Err(e) => RecordMeta::Undecodable(Arc::from(e.to_string())),
         };
-        let id = match &meta {
+        self.published_record(
+            topic,
+            partition,
+            &Record {
+                offset,
+                meta,
+                body: body.clone(),
+                broker_handle: None,
+            },
+        );
+    }
+
+    /// [`World::published`] of a record as its reader decoded it (a broker whose records
+    /// are not in the stored form, such as Kafka's CloudEvents binding).
+    pub fn published_record(&self, topic: &TopicName, partition: Partition, record: &Record) {
+        let offset = record.offset;
+        let id = match &record.meta {
             RecordMeta::Event(m) => Some(m.id.clone()),
             RecordMeta::Undecodable(_) => None,
-        };
-        let record = Record {
-            offset,
-            meta,
-            body: body.clone(),
-            broker_handle: None,
         };
         let mut w = self.lock();
         let t = w.clock.now_ms();
         w.note(t, "published", [u64::from(partition), offset, 0, 0]);
-        let r = w.checker.published(topic, partition, &record);
+        let r = w.checker.published(topic, partition, record);
         w.check(r);
         w.ids
             .entry((topic.clone(), partition))
@@ -544,6 +554,9 @@ impl Inner {
             }
             Input::PartitionsAssigned { group, partitions } if ok => {
                 for a in partitions {
+                    if a.checkpoint.is_some() {
+                        self.counts.resumed_from_progress += 1;
+                    }
                     self.note(t, "assigned", [u64::from(a.partition), a.end, 0, 0]);
                     self.checker.assigned(group, a.partition);
                 }

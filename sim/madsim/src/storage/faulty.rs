@@ -8,9 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use madsim_tokio as tokio;
-use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, TopicName};
-use unimesh_shell::engine::{AppendError, BoxFut, LogMetrics, LogPort, LogRead, StatePort};
+use unimesh_core::{
+    DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
+};
+use unimesh_shell::engine::{
+    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
+};
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded};
 use unimesh_sim::rng::Rng;
@@ -39,6 +44,120 @@ impl FaultyLog {
             world,
             rng: Arc::new(Mutex::new(rng)),
         }
+    }
+}
+
+/// A fetch answer's records, in the log's stored form or decoded by the port (a broker
+/// whose records are not in the stored form): the faults that reorder them work on both.
+trait Fetched: Clone + Send + Sized + 'static {
+    /// Whether "out of range although in range" is injected: it needs the log's exact
+    /// offsets, and a broker's port answers `offsets` from a cache.
+    const OUT_OF_RANGE: bool;
+    fn offset(&self) -> Offset;
+    fn of(read: LogRead) -> Option<Vec<Self>>;
+    fn read(records: Vec<Self>) -> LogRead;
+}
+
+impl Fetched for (Offset, Bytes) {
+    const OUT_OF_RANGE: bool = true;
+    fn offset(&self) -> Offset {
+        self.0
+    }
+    fn of(read: LogRead) -> Option<Vec<Self>> {
+        match read {
+            LogRead::Records(r) => Some(r),
+            _ => None,
+        }
+    }
+    fn read(records: Vec<Self>) -> LogRead {
+        LogRead::Records(records)
+    }
+}
+
+impl Fetched for Record {
+    const OUT_OF_RANGE: bool = false;
+    fn offset(&self) -> Offset {
+        self.offset
+    }
+    fn of(read: LogRead) -> Option<Vec<Self>> {
+        match read {
+            LogRead::Decoded(r) => Some(r),
+            _ => None,
+        }
+    }
+    fn read(records: Vec<Self>) -> LogRead {
+        LogRead::Decoded(records)
+    }
+}
+
+/// The faults of one fetch answer: "out of range", a rewind, duplicates.
+struct Distort {
+    inner: Arc<dyn LogPort>,
+    world: Arc<World>,
+    rng: SharedRng,
+    group: GroupName,
+    topic: TopicName,
+    partition: Partition,
+    from: Offset,
+    max_bytes: usize,
+}
+
+impl Distort {
+    async fn apply<T: Fetched>(self, records: Vec<T>) -> LogRead {
+        let Self {
+            inner,
+            world,
+            rng,
+            group,
+            topic,
+            partition,
+            from,
+            max_bytes,
+        } = self;
+        let f = world.opts.faults.clone();
+        if !world.faults_on() {
+            return T::read(records);
+        }
+        if T::OUT_OF_RANGE && draw(&rng, |r| r.chance(f.fetch_out_of_range)) {
+            if let Ok((earliest, end)) = inner.offsets(&topic, partition) {
+                world.count(|c| &mut c.fetch_out_of_range);
+                return LogRead::OutOfRange { earliest, end };
+            }
+        }
+        let earliest = inner.offsets(&topic, partition).map_or(from, |(e, _)| e);
+        if from > earliest && draw(&rng, |r| r.chance(f.fetch_rewind)) {
+            let back = draw(&rng, |r| r.range(1, (from - earliest).min(8)));
+            let earlier = inner
+                .fetch(
+                    group,
+                    topic,
+                    partition,
+                    from - back,
+                    back as usize,
+                    max_bytes,
+                    0,
+                )
+                .await;
+            if let Some(mut earlier) = T::of(earlier) {
+                world.count(|c| &mut c.fetch_rewinds);
+                earlier.retain(|r| r.offset() < from);
+                earlier.extend(records);
+                return T::read(earlier);
+            }
+            return T::read(records);
+        }
+        if !records.is_empty() && draw(&rng, |r| r.chance(f.fetch_duplicates)) {
+            world.count(|c| &mut c.fetch_duplicates);
+            let mut out = Vec::with_capacity(records.len() * 2);
+            for r in records {
+                if draw(&rng, |g| g.chance(0.5)) {
+                    out.push(r.clone());
+                }
+                out.push(r);
+            }
+            return T::read(out);
+        }
+        T::read(records)
     }
 }
 
@@ -77,52 +196,37 @@ impl LogPort for FaultyLog {
                     wait_ms,
                 )
                 .await;
-            let LogRead::Records(records) = read else {
-                return read;
-            };
-            if !world.faults_on() {
-                return LogRead::Records(records);
-            }
-            if draw(&rng, |r| r.chance(f.fetch_out_of_range)) {
-                if let Ok((earliest, end)) = inner.offsets(&topic, partition) {
-                    world.count(|c| &mut c.fetch_out_of_range);
-                    return LogRead::OutOfRange { earliest, end };
-                }
-            }
-            let earliest = inner.offsets(&topic, partition).map_or(from, |(e, _)| e);
-            if from > earliest && draw(&rng, |r| r.chance(f.fetch_rewind)) {
-                let back = draw(&rng, |r| r.range(1, (from - earliest).min(8)));
-                let earlier = inner
-                    .fetch(
+            match read {
+                LogRead::Records(records) => {
+                    Distort {
+                        inner,
+                        world,
+                        rng,
                         group,
                         topic,
                         partition,
-                        from - back,
-                        back as usize,
+                        from,
                         max_bytes,
-                        0,
-                    )
-                    .await;
-                if let LogRead::Records(mut earlier) = earlier {
-                    world.count(|c| &mut c.fetch_rewinds);
-                    earlier.retain(|(o, _)| *o < from);
-                    earlier.extend(records);
-                    return LogRead::Records(earlier);
-                }
-                return LogRead::Records(records);
-            }
-            if !records.is_empty() && draw(&rng, |r| r.chance(f.fetch_duplicates)) {
-                world.count(|c| &mut c.fetch_duplicates);
-                let mut out = Vec::with_capacity(records.len() * 2);
-                for r in records {
-                    if draw(&rng, |g| g.chance(0.5)) {
-                        out.push(r.clone());
                     }
-                    out.push(r);
+                    .apply(records)
+                    .await
                 }
-                return LogRead::Records(out);
+                LogRead::Decoded(records) => {
+                    Distort {
+                        inner,
+                        world,
+                        rng,
+                        group,
+                        topic,
+                        partition,
+                        from,
+                        max_bytes,
+                    }
+                    .apply(records)
+                    .await
+                }
+                other => other,
             }
-            LogRead::Records(records)
         })
     }
 
@@ -173,6 +277,37 @@ impl LogPort for FaultyLog {
 
     fn metrics(&self) -> Option<LogMetrics> {
         self.inner.metrics()
+    }
+
+    // A broker that assigns partitions (Kafka) is reached as it is: faults distort what
+    // reads and writes answer, not who owns what.
+
+    fn assigns_partitions(&self) -> bool {
+        self.inner.assigns_partitions()
+    }
+
+    fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
+        self.inner.attach(events)
+    }
+
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
+        self.inner.join(group, topic)
+    }
+
+    fn leave(&self, group: &GroupName) {
+        self.inner.leave(group)
+    }
+
+    fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset) {
+        self.inner.commit(group, topic, partition, offset)
+    }
+
+    fn instance(&self) -> Option<String> {
+        self.inner.instance()
+    }
+
+    fn close(&self) -> BoxFut<()> {
+        self.inner.close()
     }
 }
 
@@ -243,6 +378,18 @@ impl StatePort for FaultyState {
 
     fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
         self.inner.dlq_list(group, max)
+    }
+
+    fn dlq_list_for_replay(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.inner.dlq_list_for_replay(group, max)
+    }
+
+    fn dlq_replay_refused(&self, group: &GroupName, keys: &[DlqKey]) {
+        self.inner.dlq_replay_refused(group, keys)
     }
 
     fn put_rate_rule(

@@ -16,10 +16,11 @@
 //! A backend is made inside the runtime (`run::run_seed_on`), so it may build nodes of its
 //! own there (a broker).
 //! [`MemoryBackend`] is the embedded-log shape: the log and the state store on the node's
-//! disk. A Kafka backend would give a port talking to madsim-rdkafka's simulated broker
-//! (on a node of its own) and report what the broker made durable.
+//! disk. [`KafkaBackend`] is the shell's Kafka port against madsim-rdkafka's simulated
+//! broker on a node of its own (see `kafka`).
 
 mod faulty;
+mod kafka;
 mod log;
 mod state;
 
@@ -27,11 +28,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use unimesh_core::TopicName;
-use unimesh_shell::engine::{EngineConfig, LogPort, StatePort, StoreAdapter};
+use unimesh_shell::engine::{BoxFut, EngineConfig, LogPort, StatePort, StoreAdapter};
 use unimesh_shell::state::{MemoryDisk, MemoryStore};
 use unimesh_sim::rng::Rng;
 
 pub use faulty::{FaultyLog, FaultyState};
+pub use kafka::KafkaBackend;
 pub use log::{LogDisk, SimLog};
 pub use state::ReportingStore;
 
@@ -41,14 +43,22 @@ use crate::world::World;
 pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
-    /// The ports of one incarnation, built on the node at every start. `rng` is the
-    /// incarnation's own (drawn from the seed).
-    fn ports(&self, world: &Arc<World>, rng: Rng) -> (Arc<dyn LogPort>, Arc<dyn StatePort>);
+    /// The ports of one incarnation, built on the node at every start (a broker's clients
+    /// connect first). `rng` is the incarnation's own (drawn from the seed).
+    fn ports(&self, world: &Arc<World>, rng: Rng) -> BoxFut<Result<Ports, String>>;
 
     /// Adjusts the engine's configuration to the broker (a broker that keeps group
     /// offsets wants `mesh.commit_to_broker`, whose `Commit` effects the checker judges).
     fn configure(&self, config: &mut EngineConfig) {
         let _ = config;
+    }
+
+    /// The node was just killed: report what became durable before the kill and was not
+    /// reported yet (a broker on its own node that answers after a delay). The world hears
+    /// of the crash after this.
+    fn killed(&self, world: &Arc<World>) -> BoxFut<()> {
+        let _ = world;
+        Box::pin(std::future::ready(()))
     }
 
     /// Writes a record to the broker from outside the mesh (bytes that need not decode as
@@ -58,6 +68,9 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 }
+
+/// The log and state ports of one incarnation.
+pub type Ports = (Arc<dyn LogPort>, Arc<dyn StatePort>);
 
 /// The embedded shape: the simulated log and the shell's memory state store, both on a
 /// disk that outlives the node.
@@ -80,11 +93,11 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    fn ports(&self, world: &Arc<World>, rng: Rng) -> (Arc<dyn LogPort>, Arc<dyn StatePort>) {
+    fn ports(&self, world: &Arc<World>, rng: Rng) -> BoxFut<Result<Ports, String>> {
         let log: Arc<dyn LogPort> = Arc::new(SimLog::new(self.log.clone(), world.clone(), rng));
         let store = ReportingStore::new(MemoryStore::open(self.disk.clone()), world.clone());
         let state: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(Box::new(store)));
-        (log, state)
+        Box::pin(std::future::ready(Ok((log, state))))
     }
 
     fn write_foreign(&self, world: &Arc<World>, topic: &TopicName, body: Bytes) -> bool {
