@@ -9,6 +9,7 @@
         # highest one in the topic: shell/src/kafka/progress.rs); with `stale`, as an owner
         # replaced before it (one generation lower): a zombie's late write, which the
         # lane's next owner must ignore. Without stamped records, the lane's one key.
+        # Written to partition 0, where unimesh writes every progress record.
 
 `produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
 partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
@@ -163,7 +164,10 @@ def progress(brokers, group, topic, partition, watermark, stale=False):
         # record wins — a zombie's write is just that.
         key = lane
     producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
-    producer.produce("unimesh.progress", key=key.encode(), value=value)
+    # Where unimesh writes every progress record (shell/src/kafka/progress.rs,
+    # HOME_PARTITION), not where this client's partitioner would put the key: a key in two
+    # partitions has no newest record.
+    producer.produce("unimesh.progress", key=key.encode(), value=value, partition=0)
     if producer.flush(30):
         raise SystemExit("progress record not delivered")
     print(json.dumps({"written": True, "key": key}))

@@ -140,11 +140,19 @@ impl Shared {
             tokio::time::sleep(RETRY_INTERVAL).await;
         };
         let partitions: Vec<Partition> = (0..count).collect();
+        // The simulated broker keeps no committed offsets: no floor under the records.
+        let no_commits = BTreeMap::new();
         let stored = loop {
             match log
                 .inner
                 .progress
-                .latest(&self.group, &self.topic, &partitions, NO_GENERATION)
+                .latest(
+                    &self.group,
+                    &self.topic,
+                    &partitions,
+                    NO_GENERATION,
+                    &no_commits,
+                )
                 .await
             {
                 Ok(m) => break m,

@@ -374,11 +374,13 @@ impl GroupContext {
         let stored = if partitions.is_empty() {
             Ok(BTreeMap::new())
         } else {
-            runtime.block_on(
-                log.inner
-                    .progress
-                    .latest(&self.group, &self.topic, partitions, gen),
-            )
+            runtime.block_on(log.inner.progress.latest(
+                &self.group,
+                &self.topic,
+                partitions,
+                gen,
+                &committed,
+            ))
         };
         let stored = match stored {
             Ok(m) => m,

@@ -38,6 +38,23 @@
 //! without a generation (the three-part key: a client that reports none) ranks below every
 //! stamped one.
 //!
+//! Placed: every progress record (and every deletion) is written to partition
+//! [`HOME_PARTITION`] of the progress topic, never where the producer's partitioner would
+//! put its key. "The newest record of a key" is defined only within one partition (Kafka
+//! orders a partition, not a topic; compaction keeps the newest of a key per partition),
+//! and a key placed by hashing moves whenever the hash or the count changes: a broker may
+//! create the topic with more partitions than asked (librdkafka's mock cluster
+//! auto-creates it with four before unimesh's create request arrives), an operator may add
+//! partitions, `kafka.properties.partitioner` is the user's to set, and another client's
+//! partitioner is not ours (librdkafka's default hashes with CRC32, ours with murmur2).
+//! With a key in two partitions the reader's choice between them followed the order in
+//! which it happened to read the partitions, and an older record could win. So the
+//! contract: **all of a lane's records are in the home partition, in the order written**.
+//! The reader reads every partition; a lane with no record in the home partition (written
+//! by a version that let the partitioner place them) resumes from its records elsewhere
+//! (their relative order across partitions is not defined; generations still rank them),
+//! and once the lane's next owner wrote its record home, those are ignored.
+//!
 //! Locally, a batch holding a checkpoint of a lane this instance does not own (revoked, or
 //! lost to a session timeout) fails as a whole and writes nothing, as a fenced batch does
 //! in the simulation; the core has dropped the lane and ignores the failure.
@@ -59,8 +76,8 @@ use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{
-    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Partition, PersistBatch, Progress, RateRule,
-    TopicName,
+    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Offset, Partition, PersistBatch, Progress,
+    RateRule, TopicName,
 };
 
 use super::log::{lock, KafkaLog};
@@ -68,6 +85,10 @@ use super::KafkaSettings;
 use crate::engine::{BoxFut, StatePort, StoreAdapter};
 use crate::state::codec::encode_subscription;
 use crate::state::{DlqEntry, Loaded};
+
+/// The partition of the progress topic every progress record is written to (see the
+/// module documentation: a key must never be in two partitions).
+pub(super) const HOME_PARTITION: i32 = 0;
 
 /// The coordinator generation in which a progress record's writer was given the lane;
 /// `None` when the client reported none (ranks below every generation).
@@ -106,21 +127,37 @@ fn parse_progress_key(key: &str) -> Option<(&str, OwnerGen)> {
 }
 
 /// The fence: of a lane's progress records (by ownership generation), the one a reader
-/// given the lane in generation `reader` resumes from — the highest generation not above
-/// `reader` (every generation when `reader` is unknown); when every record is above it,
-/// the group's generations started again (a broker deleted the empty group: librdkafka's
-/// mock cluster does at once, Kafka once its offsets expire) and the highest one is the
-/// last owner of the group's earlier life — and the generations whose keys the reader
-/// deletes after its own first durable write (all but its own), so records of an earlier
-/// life never outrank the new life's.
+/// given the lane in generation `reader` resumes from, and the generations whose keys the
+/// reader deletes after its own first durable write (all but its own), so records of an
+/// earlier life of the group do not linger.
+///
+/// Contract. `floor` is the group's committed offset of the lane, if any: the broker
+/// fences commits by generation (a replaced owner's commit is refused), every owner writes
+/// its checkpoint here before it commits the watermark, and every owner starts from a
+/// checkpoint at or above the committed offset. So the lane's newest record (its current
+/// owner's) never has a watermark below `floor`, and a record below it is an overtaken
+/// one: an earlier owner's, possibly of an earlier life of the group, whose generations
+/// were higher. Such records are not candidates. Among the candidates, **a record of a
+/// lower generation never replaces one of a higher generation**: the highest generation
+/// not above `reader` wins (every generation when `reader` is unknown). One above
+/// `reader` is from an earlier life of the group (a broker restarts generations when it
+/// deletes an empty group: Kafka once its offsets expire) and is taken only when every
+/// candidate is above `reader`, as that life's last owner. These two numbers are what a
+/// reader can know: the generation ranks the records, the fenced commit bounds them from
+/// below, so restarted generations cannot make a stale record win over a fresh one that
+/// the group's commits already passed. None when no record is a candidate (the caller
+/// resumes from `floor`).
 pub(super) fn choose(
     records: &BTreeMap<OwnerGen, Checkpoint>,
     reader: OwnerGen,
+    floor: Option<Offset>,
 ) -> (Option<(OwnerGen, &Checkpoint)>, Vec<OwnerGen>) {
+    let candidate = |cp: &Checkpoint| floor.is_none_or(|f| cp.progress.watermark() >= f);
     let winner = records
         .range(..=reader.map_or(Some(i32::MAX), Some))
-        .next_back()
-        .or_else(|| records.iter().next_back())
+        .rev()
+        .find(|(_, cp)| candidate(cp))
+        .or_else(|| records.iter().rev().find(|(_, cp)| candidate(cp)))
         .map(|(&g, cp)| (g, cp));
     let stale = records.keys().copied().filter(|&g| g != reader).collect();
     (winner, stale)
@@ -192,8 +229,11 @@ pub(super) struct ProgressReader {
 #[derive(Default)]
 struct ReaderState {
     assigned: Option<i32>,
-    /// Per lane key, its records by ownership generation.
+    /// Per lane key, its records by ownership generation: those of the home partition.
     view: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
+    /// The same, of the other partitions (records placed by a partitioner): a lane's
+    /// are used only while it has none in `view`.
+    strays: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
     /// Under madsim (whose consumer has no `position`): the next offset to read, per
     /// partition.
     #[cfg(madsim)]
@@ -207,32 +247,36 @@ impl ReaderState {
         let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
             return;
         };
+        let home = m.partition() == HOME_PARTITION;
         match m.payload().map(Checkpoint::decode) {
-            None => self.absorb(key, None),
-            Some(Ok(cp)) => self.absorb(key, Some(cp)),
+            None => self.absorb(home, key, None),
+            Some(Ok(cp)) => self.absorb(home, key, Some(cp)),
             Some(Err(e)) => tracing::error!(%key, error = %e, "corrupt progress record ignored"),
         }
     }
 
-    /// One record of the progress topic, in the topic's order: a lane's record under an
-    /// ownership generation, or its deletion (`None`).
-    fn absorb(&mut self, key: &str, value: Option<Checkpoint>) {
+    /// One record of the progress topic, in its partition's order: a lane's record under
+    /// an ownership generation, or its deletion (`None`); `home` when it was read from
+    /// [`HOME_PARTITION`].
+    fn absorb(&mut self, home: bool, key: &str, value: Option<Checkpoint>) {
         let Some((lane, gen)) = parse_progress_key(key) else {
             tracing::warn!(%key, "progress record with a foreign key ignored");
             return;
         };
+        let view = if home {
+            &mut self.view
+        } else {
+            &mut self.strays
+        };
         match value {
             Some(cp) => {
-                self.view
-                    .entry(lane.to_owned())
-                    .or_default()
-                    .insert(gen, cp);
+                view.entry(lane.to_owned()).or_default().insert(gen, cp);
             }
             None => {
-                if let Some(records) = self.view.get_mut(lane) {
+                if let Some(records) = view.get_mut(lane) {
                     records.remove(&gen);
                     if records.is_empty() {
-                        self.view.remove(lane);
+                        view.remove(lane);
                     }
                 }
             }
@@ -241,9 +285,17 @@ impl ReaderState {
 
     /// What a reader given the lane in generation `reader` resumes from ([`choose`]), and
     /// the keys it deletes after its first write; `None` when the lane has no record.
-    fn chosen(&self, group: &str, topic: &str, p: Partition, reader: OwnerGen) -> Option<Chosen> {
-        let records = self.view.get(&lane_key(group, topic, p))?;
-        let (winner, stale) = choose(records, reader);
+    fn chosen(
+        &self,
+        group: &str,
+        topic: &str,
+        p: Partition,
+        reader: OwnerGen,
+        floor: Option<Offset>,
+    ) -> Option<Chosen> {
+        let lane = lane_key(group, topic, p);
+        let records = self.view.get(&lane).or_else(|| self.strays.get(&lane))?;
+        let (winner, stale) = choose(records, reader, floor);
         if let Some((gen, _)) = winner.filter(|&(g, _)| g != reader) {
             tracing::debug!(
                 group,
@@ -329,9 +381,10 @@ impl ProgressReader {
     }
 
     /// The progress each of `partitions` of (group, topic) that has any resumes from, for
-    /// a reader given them in generation `reader` ([`choose`]), read after catching up
-    /// with the topic's end (so a write acknowledged before this call, by any instance,
-    /// is seen). Blocks its thread while polling: call it from a thread of its own (the
+    /// a reader given them in generation `reader` with the group's committed offsets
+    /// `committed` ([`choose`]: the floor of each partition), read after catching up with
+    /// the topic's end (so a write acknowledged before this call, by any instance, is
+    /// seen). Blocks its thread while polling: call it from a thread of its own (the
     /// consumer thread).
     pub async fn latest(
         &self,
@@ -339,13 +392,15 @@ impl ProgressReader {
         topic: &TopicName,
         partitions: &[Partition],
         reader: OwnerGen,
+        committed: &BTreeMap<Partition, Offset>,
     ) -> Result<BTreeMap<Partition, Chosen>, String> {
         let mut st = self.state.lock().await;
         self.catch_up(&mut st).await?;
         Ok(partitions
             .iter()
             .filter_map(|&p| {
-                let chosen = st.chosen(group.as_str(), topic.as_str(), p, reader)?;
+                let floor = committed.get(&p).copied();
+                let chosen = st.chosen(group.as_str(), topic.as_str(), p, reader, floor)?;
                 Some((p, chosen))
             })
             .collect())
@@ -649,6 +704,7 @@ impl StatePort for KafkaState {
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
                 let record = FutureRecord::to(&s.progress_topic)
+                    .partition(HOME_PARTITION)
                     .key(&key)
                     .payload(&value);
                 match inner.producer.send_result(record) {
@@ -727,7 +783,9 @@ async fn delete_stale(log: &KafkaLog, batch: &PersistBatch, stamps: &Stamps) {
         let mut pending = Vec::with_capacity(stale.len());
         for key in stale {
             let record: FutureRecord<'_, str, [u8]> =
-                FutureRecord::to(&inner.settings.progress_topic).key(key.as_str());
+                FutureRecord::to(&inner.settings.progress_topic)
+                    .partition(HOME_PARTITION)
+                    .key(key.as_str());
             match inner.producer.send_result(record) {
                 Ok(f) => pending.push(f),
                 Err((e, _)) => {
@@ -878,19 +936,22 @@ mod tests {
     #[test]
     fn a_late_write_of_a_replaced_owner_is_fenced_out() {
         let recs = records(&[(Some(3), 40), (Some(5), 12)]);
-        let (winner, stale) = choose(&recs, Some(8));
+        let (winner, stale) = choose(&recs, Some(8), None);
         assert_eq!(
             winner.map(|(g, cp)| (g, cp.progress.watermark())),
             Some((Some(5), 12))
         );
         assert_eq!(stale, vec![Some(3), Some(5)]);
         // The new owner itself (generation 5) re-reads: its own record, never the zombie's.
-        let (winner, stale) = choose(&recs, Some(5));
+        let (winner, stale) = choose(&recs, Some(5), None);
         assert_eq!(winner.map(|(g, _)| g), Some(Some(5)));
         assert_eq!(stale, vec![Some(3)]);
         // A record without a generation ranks below every stamped one.
         let recs = records(&[(None, 90), (Some(0), 7)]);
-        assert_eq!(choose(&recs, Some(2)).0.map(|(g, _)| g), Some(Some(0)));
+        assert_eq!(
+            choose(&recs, Some(2), None).0.map(|(g, _)| g),
+            Some(Some(0))
+        );
     }
 
     /// Goal: the fence holds on the topic as written, whatever the order of writes.
@@ -905,32 +966,105 @@ mod tests {
         let mut st = ReaderState::default();
         let key = |gen| progress_key("g", "t", 0, gen);
         let resumed = |st: &ReaderState| {
-            st.chosen("g", "t", 0, Some(8))
+            st.chosen("g", "t", 0, Some(8), None)
                 .and_then(|c| c.checkpoint)
                 .map(|cp| cp.progress.watermark())
         };
-        st.absorb(&key(Some(3)), Some(checkpoint(10, &[], &[])));
-        st.absorb(&key(Some(5)), Some(checkpoint(12, &[(14, 15)], &[])));
-        st.absorb(&key(Some(3)), Some(checkpoint(40, &[], &[])));
+        st.absorb(true, &key(Some(3)), Some(checkpoint(10, &[], &[])));
+        st.absorb(true, &key(Some(5)), Some(checkpoint(12, &[(14, 15)], &[])));
+        st.absorb(true, &key(Some(3)), Some(checkpoint(40, &[], &[])));
         assert_eq!(resumed(&st), Some(12));
-        st.absorb(&key(Some(3)), None);
+        st.absorb(true, &key(Some(3)), None);
         assert_eq!(resumed(&st), Some(12));
-        st.absorb(&key(Some(3)), Some(checkpoint(41, &[], &[])));
+        st.absorb(true, &key(Some(3)), Some(checkpoint(41, &[], &[])));
         assert_eq!(resumed(&st), Some(12));
         let chosen = st
-            .chosen("g", "t", 0, Some(8))
+            .chosen("g", "t", 0, Some(8), None)
             .expect("the lane has records");
         assert_eq!(chosen.stale, vec![key(Some(3)), key(Some(5))]);
         // The new owner's own write then deletes the rest; what is left is its own.
-        st.absorb(&key(Some(8)), Some(checkpoint(13, &[], &[])));
-        st.absorb(&key(Some(3)), None);
-        st.absorb(&key(Some(5)), None);
+        st.absorb(true, &key(Some(8)), Some(checkpoint(13, &[], &[])));
+        st.absorb(true, &key(Some(3)), None);
+        st.absorb(true, &key(Some(5)), None);
         assert_eq!(resumed(&st), Some(13));
         assert_eq!(st.view.get("g\nt\n0").map(BTreeMap::len), Some(1));
         // A foreign key changes nothing.
-        st.absorb("g\nt", Some(checkpoint(99, &[], &[])));
+        st.absorb(true, "g\nt", Some(checkpoint(99, &[], &[])));
         assert_eq!(resumed(&st), Some(13));
-        assert_eq!(st.chosen("g", "t", 1, Some(8)), None);
+        assert_eq!(st.chosen("g", "t", 1, Some(8), None), None);
+    }
+
+    /// Goal: restarted generations never make a stale record win over a fresh one the
+    /// group's commits already passed, and the floor never lets a lower generation
+    /// replace a higher one above it. Method: a group deleted and recreated (its
+    /// generations start again) left a record of generation 9 (watermark 30) behind; the
+    /// new life's owner of generation 1 reached 50 and committed 50. A reader of
+    /// generation 12 of the new life ranks 9 above 1, but 9 is below the floor: 1 wins.
+    /// Without the commit (no floor), 9 would win. A zombie's record above the floor still
+    /// loses to its successor's; every record below the floor: none (resume at the floor).
+    #[test]
+    fn a_record_below_the_committed_offset_is_not_a_candidate() {
+        let recs = records(&[(Some(1), 50), (Some(9), 30)]);
+        let won = |floor| {
+            choose(&recs, Some(12), floor)
+                .0
+                .map(|(g, cp)| (g, cp.progress.watermark()))
+        };
+        assert_eq!(won(Some(50)), Some((Some(1), 50)));
+        assert_eq!(won(None), Some((Some(9), 30)));
+        assert_eq!(won(Some(30)), Some((Some(9), 30)));
+        // The floor keeps both the zombie (3) and its successor (5): generation decides.
+        let zombie = records(&[(Some(3), 40), (Some(5), 12)]);
+        let (winner, stale) = choose(&zombie, Some(8), Some(10));
+        assert_eq!(winner.map(|(g, _)| g), Some(Some(5)));
+        assert_eq!(stale, vec![Some(3), Some(5)]);
+        assert_eq!(choose(&zombie, Some(8), Some(41)).0, None);
+        // Every candidate above the reader: the highest candidate, not the highest record.
+        let earlier_life = records(&[(Some(7), 20), (Some(9), 4)]);
+        let winner = choose(&earlier_life, Some(2), Some(10)).0;
+        assert_eq!(winner.map(|(g, _)| g), Some(Some(7)));
+    }
+
+    /// Goal: a lane with a record in the home partition resumes from the home records,
+    /// whatever else holds its keys and in whatever order the partitions are read (the
+    /// regression on librdkafka's mock cluster, whose progress topic has four partitions:
+    /// the newest record of a key, written home, lost to an older one of the same key that
+    /// another partitioner had put in another partition, because that partition was read
+    /// last). Method: the same key home (watermark 20) and elsewhere (3), in both read
+    /// orders; a lane whose records are all elsewhere (an earlier placement) resumes from
+    /// them, ranked by generation, until its next owner's record is home.
+    #[test]
+    fn a_record_outside_the_home_partition_never_outranks_the_home_ones() {
+        let resumed = |st: &ReaderState| {
+            st.chosen("g", "t", 0, Some(8), None)
+                .and_then(|c| c.checkpoint)
+                .map(|cp| cp.progress.watermark())
+        };
+        let key = |gen| progress_key("g", "t", 0, gen);
+        for stray_read_last in [false, true] {
+            let mut st = ReaderState::default();
+            if !stray_read_last {
+                st.absorb(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+            }
+            st.absorb(true, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+            st.absorb(true, &key(Some(2)), Some(checkpoint(20, &[], &[])));
+            if stray_read_last {
+                st.absorb(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+                // Even a stray of a higher generation: the lane has records home.
+                st.absorb(false, &key(Some(7)), Some(checkpoint(1, &[], &[])));
+            }
+            assert_eq!(resumed(&st), Some(20), "stray read last: {stray_read_last}");
+        }
+        let mut st = ReaderState::default();
+        st.absorb(false, &key(Some(4)), Some(checkpoint(7, &[], &[])));
+        st.absorb(false, &key(Some(1)), Some(checkpoint(9, &[], &[])));
+        assert_eq!(resumed(&st), Some(7));
+        st.absorb(true, &key(Some(8)), Some(checkpoint(8, &[], &[])));
+        assert_eq!(resumed(&st), Some(8));
+        let chosen = st
+            .chosen("g", "t", 0, Some(8), None)
+            .expect("the lane has records");
+        assert!(chosen.stale.is_empty(), "{:?}", chosen.stale);
     }
 
     /// Goal: a group the broker deleted and recreated (generations start again) neither
@@ -941,23 +1075,23 @@ mod tests {
     #[test]
     fn a_record_above_the_readers_generation_is_from_an_earlier_group() {
         let recs = records(&[(Some(1), 30), (Some(9), 50)]);
-        let (winner, stale) = choose(&recs, Some(2));
+        let (winner, stale) = choose(&recs, Some(2), None);
         assert_eq!(
             winner.map(|(g, cp)| (g, cp.progress.watermark())),
             Some((Some(1), 30))
         );
         assert_eq!(stale, vec![Some(1), Some(9)]);
         let only_later = records(&[(Some(9), 50)]);
-        let (winner, stale) = choose(&only_later, Some(2));
+        let (winner, stale) = choose(&only_later, Some(2), None);
         assert_eq!(
             winner.map(|(g, cp)| (g, cp.progress.watermark())),
             Some((Some(9), 50))
         );
         assert_eq!(stale, vec![Some(9)]);
         // A reader that knows no generation takes the highest and deletes all stamped keys.
-        let (winner, stale) = choose(&recs, None);
+        let (winner, stale) = choose(&recs, None, None);
         assert_eq!(winner.map(|(g, _)| g), Some(Some(9)));
         assert_eq!(stale, vec![Some(1), Some(9)]);
-        assert_eq!(choose(&BTreeMap::new(), Some(1)), (None, vec![]));
+        assert_eq!(choose(&BTreeMap::new(), Some(1), None), (None, vec![]));
     }
 }
