@@ -14,13 +14,14 @@
 //! - that a record is reported before anyone reads it: the log port holds a fetch answer,
 //!   and a publish answer, until the tap has reported every record in it.
 //! - when a state batch is durable. A batch with checkpoints is durable when the broker
-//!   holds its last progress record (`KafkaState::progress_record`, written last): the tap reads
-//!   the progress topic too and reports the batch at that record, also when the node died
-//!   before the broker's answer came back (a kill reads the progress topic to its end before
-//!   the world hears of the crash). A batch without checkpoints is durable when
-//!   `KafkaState::apply` answers. Known gap: `KafkaState` writes a batch to two stores (the
-//!   topics, then the node's local store for definitions and rate rules), so a kill between
-//!   the two leaves its local part lost although the world counts the batch durable.
+//!   holds its last progress record (`KafkaState::progress_record`, written last, to the
+//!   progress topic's one partition): the tap reads the progress topic too and reports the
+//!   batch at that record, also when the node died before the broker's answer came back (a
+//!   kill reads the progress topic to its end before the world hears of the crash). A batch
+//!   without checkpoints is durable when `KafkaState::apply` answers. Known gap:
+//!   `KafkaState` writes a batch to two stores (the topics, then the node's local store for
+//!   definitions and rate rules), so a kill between the two leaves its local part lost
+//!   although the world counts the batch durable.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
