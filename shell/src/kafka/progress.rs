@@ -32,11 +32,12 @@
 //! new owner's. So a lane has one key per ownership, and a reader given the lane in
 //! generation `g` takes the record of the highest generation not above `g` (one above `g`
 //! is from an earlier life of the group: a broker restarts generations when it deletes an
-//! empty group; only when every record is above `g` is the highest taken) — see
-//! [`choose`]. After its first durable write, the new owner deletes
-//! (tombstones) every other key of the lane it saw, so keys stay bounded. A record
-//! without a generation (the three-part key: a client that reports none) ranks below every
-//! stamped one.
+//! empty group; only when every record is above `g` is the highest taken), among the
+//! records not below the group's committed offset (overtaken ones, whatever their
+//! generation) — see [`choose`], which states the contract. After its first durable
+//! write, the new owner deletes (tombstones) every other key of the lane it saw, so keys
+//! stay bounded. A record without a generation (the three-part key: a client that reports
+//! none) ranks below every stamped one.
 //!
 //! Placed: every progress record (and every deletion) is written to partition
 //! [`HOME_PARTITION`] of the progress topic, never where the producer's partitioner would
