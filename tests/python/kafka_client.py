@@ -2,9 +2,14 @@
 
     kafka_client.py produce BROKERS TOPIC     # writes the records below, prints their offsets
     kafka_client.py consume BROKERS TOPIC N   # reads N records from the beginning, prints them
-    kafka_client.py progress BROKERS GROUP TOPIC PARTITION WATERMARK
+    kafka_client.py progress BROKERS GROUP TOPIC PARTITION WATERMARK [stale]
         # writes a progress record (unimesh's checkpoint encoding, no ranges) for the lane,
-        # as if a group had reached WATERMARK: to test a resume offset the log does not have
+        # as if a group had reached WATERMARK: to test a resume offset the log does not have.
+        # The record is keyed as the lane's last owner's (its ownership generation, the
+        # highest one in the topic: shell/src/kafka/progress.rs); with `stale`, as an owner
+        # replaced before it (one generation lower): a zombie's late write, which the
+        # lane's next owner must ignore. Without stamped records, the lane's one key.
+        # Written to partition 0, where unimesh writes every progress record.
 
 `produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
 partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
@@ -106,15 +111,66 @@ def consume(brokers, topic, n):
         raise SystemExit(f"read {got} of {n} records")
 
 
-def progress(brokers, group, topic, partition, watermark):
+def owner_generations(brokers, lane):
+    """The ownership generations of the lane's live progress records (None: unstamped)."""
+    from confluent_kafka import TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "kafka-client-progress",
+                         "enable.auto.commit": False})
+    meta = consumer.list_topics("unimesh.progress", timeout=30)
+    parts = list(meta.topics["unimesh.progress"].partitions)
+    highs = {p: consumer.get_watermark_offsets(TopicPartition("unimesh.progress", p), timeout=30)[1]
+             for p in parts}
+    consumer.assign([TopicPartition("unimesh.progress", p, 0) for p in parts])
+    live = {}
+    deadline = time.time() + 60
+    done = {p for p, hi in highs.items() if hi <= 0}
+    while len(done) < len(parts):
+        if time.time() > deadline:
+            raise SystemExit("the progress topic could not be read to its end")
+        m = consumer.poll(0.5)
+        if m is None or m.error():
+            continue
+        if m.offset() + 1 >= highs[m.partition()]:
+            done.add(m.partition())
+        if m.key() is None:
+            continue
+        key = m.key().decode()
+        if key == lane:
+            gen = None
+        elif key.startswith(lane + "\n"):
+            gen = int(key[len(lane) + 1:])
+        else:
+            continue
+        if m.value() is None:
+            live.pop(gen, None)
+        else:
+            live[gen] = True
+    consumer.close()
+    return list(live)
+
+
+def progress(brokers, group, topic, partition, watermark, stale=False):
     # core/src/checkpoint.rs: "UMCK" | version 1 | watermark u64 | 0 ranges | 0 attempts | crc32
     body = b"UMCK" + bytes([1]) + struct.pack("<QII", watermark, 0, 0)
     value = body + struct.pack("<I", zlib.crc32(body))
+    lane = f"{group}\n{topic}\n{partition}"
+    stamped = [g for g in owner_generations(brokers, lane) if g is not None]
+    if stamped:
+        gen = max(stamped) - 1 if stale else max(stamped)
+        key = f"{lane}\n{gen}"
+    else:
+        # Unstamped records (a shell that does not fence): one key per lane, the newest
+        # record wins — a zombie's write is just that.
+        key = lane
     producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
-    producer.produce("unimesh.progress", key=f"{group}\n{topic}\n{partition}".encode(), value=value)
+    # Where unimesh writes every progress record (shell/src/kafka/progress.rs,
+    # HOME_PARTITION), not where this client's partitioner would put the key: a key in two
+    # partitions has no newest record.
+    producer.produce("unimesh.progress", key=key.encode(), value=value, partition=0)
     if producer.flush(30):
         raise SystemExit("progress record not delivered")
-    print(json.dumps({"written": True}))
+    print(json.dumps({"written": True, "key": key}))
 
 
 if __name__ == "__main__":
@@ -123,6 +179,7 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 5 and sys.argv[1] == "consume":
         consume(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif len(sys.argv) >= 7 and sys.argv[1] == "progress":
-        progress(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        progress(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]),
+                 stale=len(sys.argv) >= 8 and sys.argv[7] == "stale")
     else:
         raise SystemExit(__doc__)

@@ -211,3 +211,67 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
         server.stderr()
     );
 }
+
+/// Goal: a late progress write of a replaced owner (a zombie) never replaces the progress
+/// of the lane's later owner (docs/DESIGN.md §8; shell/src/kafka/progress.rs). Method: a
+/// group ACKs records 0..3 of 10 and stops gracefully (its progress record says 3, under
+/// its ownership generation); then a record one generation older, as a zombie would write
+/// it, says the group reached 20, beyond the end. After the restart the group resumes at
+/// 3: records 3..9 and the next two published are delivered, and no fetch was out of
+/// range. Without the fence the zombie's record, the newest, would win: the group would
+/// restart at the end and 3..9 would be skipped.
+#[test]
+fn a_replaced_owners_late_progress_write_is_fenced_out() {
+    let broker = Broker::start();
+    let opts = broker
+        .server_options("one", 1)
+        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
+    let mut server = Server::start(opts);
+    server.subscribe(
+        "fenced",
+        &json!({"topic": "zombie", "startFrom": "earliest", "ackTimeoutMs": 60000}),
+    );
+    let publish = |server: &Server, i: usize| {
+        let mut e = unimesh_tests::event(&format!("z{i}"), "zombie", json!({"i": i}));
+        e["partitionkey"] = json!("one-key");
+        let p = &published(&server.publish_structured("zombie", &e), 1)[0];
+        (p.partition, p.offset)
+    };
+    let placed: Vec<(u32, u64)> = (0..10).map(|i| publish(&server, i)).collect();
+    let partition = placed[0].0;
+    assert!(placed.iter().all(|&(p, _)| p == partition), "{placed:?}");
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.extend(server.poll("fenced", "c", 3 - got.len() as u32, 1000));
+    }
+    assert_eq!(
+        got.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    let ids: Vec<&str> = got.iter().map(|d| d.id.as_str()).collect();
+    server.ack("fenced", &ids).all_ok(3);
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+
+    let p = partition.to_string();
+    let written = kafka_client(&[
+        "progress",
+        &broker.brokers(),
+        "fenced",
+        "zombie",
+        &p,
+        "20",
+        "stale",
+    ]);
+    assert_eq!(written.len(), 1, "{written:?}");
+
+    server.restart();
+    let placed: Vec<(u32, u64)> = (10..12).map(|i| publish(&server, i)).collect();
+    assert_eq!(placed, vec![(partition, 10), (partition, 11)]);
+    let after = server.poll_n("fenced", "c", 9, TIMEOUT);
+    let offsets: Vec<u64> = after.iter().map(|d| d.offset).collect();
+    assert_eq!(offsets, (3..12).collect::<Vec<u64>>(), "{after:?}");
+    let metrics = server.admin_get("/metrics").text();
+    let oor = unimesh_tests::metric(&metrics, "unimesh_kafka_out_of_range_total", "");
+    assert_eq!(oor, Some(0.0), "no fetch was out of range:\n{metrics}");
+}

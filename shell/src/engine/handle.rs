@@ -10,8 +10,8 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use unimesh_core::{
-    ClientId, DeadLetterReason, Delivery, DeliveryId, GroupName, Offset, Partition, RateLimiter,
-    RateRule, RecordMeta, Settle, SubscriptionSpec, TopicName,
+    ClientId, DeadLetterReason, Delivery, DeliveryId, DlqKey, GroupName, Offset, Partition,
+    RateLimiter, RateRule, RecordMeta, Settle, SubscriptionSpec, TopicName,
 };
 
 use super::api::{
@@ -244,9 +244,10 @@ impl EngineHandle {
         self.subscription(group).await?;
         let entries = self
             .state
-            .dlq_list(group.clone(), max)
+            .dlq_list_for_replay(group.clone(), max)
             .await
             .map_err(EngineError::Unavailable)?;
+        let keys: Vec<DlqKey> = entries.iter().map(|e| e.key.clone()).collect();
         let records = entries
             .into_iter()
             .map(|e| {
@@ -263,13 +264,18 @@ impl EngineHandle {
                 (e.key.partition, record)
             })
             .collect();
-        let group = group.clone();
-        self.ask(|reply| Command::Replay {
-            group,
-            records,
-            reply,
-        })
-        .await
+        let replay_group = group.clone();
+        let started = self
+            .ask(|reply| Command::Replay {
+                group: replay_group,
+                records,
+                reply,
+            })
+            .await;
+        if started.is_err() {
+            self.state.dlq_replay_refused(group, &keys);
+        }
+        started
     }
 
     /// Operator rewind (or skip) of one partition of a group; answers once durable.

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use madsim_tokio as tokio;
 use tokio::sync::mpsc;
 use unimesh_core::{
-    Assignment, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
+    Assignment, DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
 };
 
 use crate::log::AppendItem;
@@ -203,6 +203,18 @@ pub trait StatePort: Send + Sync + 'static {
     /// one at a time, so the store sees them in order.
     fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>>;
     fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>>;
+    /// The dead letters to hand the core for a replay. A store that can hold two records
+    /// at one key (the Kafka backend, after a lost tail) hands at most one record of a key
+    /// at a time and remembers which, because a resolution names only the key.
+    fn dlq_list_for_replay(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.dlq_list(group, max)
+    }
+    /// The core did not take the replay of these entries (of [`Self::dlq_list_for_replay`]).
+    fn dlq_replay_refused(&self, _group: &GroupName, _keys: &[DlqKey]) {}
     fn put_rate_rule(&self, topic: TopicName, rule: Option<RateRule>)
         -> BoxFut<Result<(), String>>;
 }

@@ -35,6 +35,11 @@ use crate::engine::{GroupEvent, LogRead};
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// How long the assignment task waits before trying a failed broker request again.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// The ownership generation of every lane here: the simulated broker has no group
+/// coordinator, so its progress records are unstamped (the lane's three-part key) and
+/// the fence's choice among a lane's records ([`super::progress::choose`]) takes the
+/// unstamped record, the only kind this mode writes.
+const NO_GENERATION: Option<i32> = None;
 
 /// The handle the [`KafkaLog`] keeps of a group's explicit assignment.
 pub(super) struct AssignedConsumer {
@@ -99,9 +104,16 @@ impl AssignedConsumer {
     /// record's, written before the core commits.
     pub fn commit(&self, _partition: Partition, _offset: Offset) {}
 
-    /// Ends the group here: fetches answer failed from now on.
+    /// Ends the group here: fetches answer failed from now on, and a checkpoint of its
+    /// partitions is no longer this instance's to write.
     pub fn stop(&self) {
         self.shared.stopped.store(true, Ordering::Relaxed);
+        let partitions: Vec<Partition> = lock(&self.shared.readers).keys().copied().collect();
+        self.shared
+            .log
+            .inner
+            .progress
+            .release(&self.shared.group, &partitions);
     }
 }
 
@@ -128,11 +140,19 @@ impl Shared {
             tokio::time::sleep(RETRY_INTERVAL).await;
         };
         let partitions: Vec<Partition> = (0..count).collect();
+        // The simulated broker keeps no committed offsets: no floor under the records.
+        let no_commits = BTreeMap::new();
         let stored = loop {
             match log
                 .inner
                 .progress
-                .latest(&self.group, &self.topic, &partitions)
+                .latest(
+                    &self.group,
+                    &self.topic,
+                    &partitions,
+                    NO_GENERATION,
+                    &no_commits,
+                )
                 .await
             {
                 Ok(m) => break m,
@@ -146,6 +166,7 @@ impl Shared {
             tokio::time::sleep(RETRY_INTERVAL).await;
         };
         let mut assignments = Vec::with_capacity(partitions.len());
+        let mut stale = Vec::with_capacity(partitions.len());
         for &p in &partitions {
             let (earliest, end) = loop {
                 match log.watermarks(&self.topic, p).await {
@@ -159,7 +180,9 @@ impl Shared {
                 }
                 tokio::time::sleep(RETRY_INTERVAL).await;
             };
-            let checkpoint = stored.get(&p).cloned();
+            let chosen = stored.get(&p).cloned().unwrap_or_default();
+            stale.push((p, chosen.stale));
+            let checkpoint = chosen.checkpoint;
             let start = checkpoint
                 .as_ref()
                 .map_or(earliest, |c| c.progress.watermark());
@@ -180,6 +203,12 @@ impl Shared {
         }
         if self.stopped() {
             return;
+        }
+        // Owned from here (no await since the check above, so a `stop` cannot come in
+        // between): this instance's progress writes of the lanes are accepted, unstamped,
+        // and the first of each deletes the lane's other records.
+        for (p, keys) in stale {
+            log.inner.progress.own(&self.group, p, NO_GENERATION, keys);
         }
         tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, "Kafka assigned partitions");
         let _ = events

@@ -210,6 +210,25 @@ struct Part {
     /// error` librdkafka stops a partition at an out-of-range answer, and a seek no longer
     /// restarts it): the next repositioning assigns the partition again instead.
     stalled: bool,
+    /// (earliest, end) at assignment when the lane's checkpoint knows offsets at or above
+    /// the broker's end ([`diverged_at`]): its next fetch is answered out of range.
+    diverged: Option<(Offset, Offset)>,
+}
+
+/// The broker's end when a lane's checkpoint knows offsets at or above it (done ones, or
+/// attempt counts): the broker lost its tail since the checkpoint was written (an end
+/// only moves back by truncation, and a checkpoint knows only offsets that were read), and
+/// those offsets will name new records. The lane's first fetch is then answered
+/// `OutOfRange{end}` with an earliest not above the asked offset (so it cannot read as
+/// retention), whatever its cursor: the core forgets what it knew from `end` and reports
+/// the loss, instead of taking new records at those offsets for done (docs/DESIGN.md §8).
+/// The checkpoint is not clipped here: the core's forgetting is what reports the loss.
+/// Without leader epochs a tail lost and refilled past the checkpoint before the
+/// assignment goes unseen.
+fn diverged_at(checkpoint: Option<&Checkpoint>, end: Offset) -> Option<Offset> {
+    let c = checkpoint?;
+    let knows = c.progress.done_end() > end || c.attempts.iter().any(|&(o, _)| o >= end);
+    knows.then_some(end)
 }
 
 impl Part {
@@ -217,6 +236,7 @@ impl Part {
         Self {
             check_range: false,
             stalled: false,
+            diverged: None,
             base,
             buffer: VecDeque::new(),
             buffered_bytes: 0,
@@ -345,14 +365,22 @@ impl GroupContext {
             }
             Some(Ok(_)) | None => {}
         }
+        // The generation of this ownership: every progress record written for these
+        // partitions carries it, and outranks those of their earlier owners.
+        let gen = group_generation(consumer.client().native_client());
+        if gen.is_none() && !partitions.is_empty() {
+            tracing::warn!(group = %self.group, "the client reports no group generation; progress writes are not fenced");
+        }
         let stored = if partitions.is_empty() {
             Ok(BTreeMap::new())
         } else {
-            runtime.block_on(
-                log.inner
-                    .progress
-                    .latest(&self.group, &self.topic, partitions),
-            )
+            runtime.block_on(log.inner.progress.latest(
+                &self.group,
+                &self.topic,
+                partitions,
+                gen,
+                &committed,
+            ))
         };
         let stored = match stored {
             Ok(m) => m,
@@ -374,7 +402,10 @@ impl GroupContext {
                     (0, 0)
                 }
             };
-            let checkpoint = match (stored.get(&p), committed.get(&p)) {
+            let chosen = stored.get(&p).cloned().unwrap_or_default();
+            tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), committed = ?committed.get(&p), end, "progress read at assignment");
+            log.inner.progress.own(&self.group, p, gen, chosen.stale);
+            let checkpoint = match (chosen.checkpoint.as_ref(), committed.get(&p)) {
                 (Some(cp), Some(&c)) if c > cp.progress.watermark() => Some(Checkpoint::new(c)),
                 (Some(cp), _) => Some(cp.clone()),
                 (None, Some(&c)) => Some(Checkpoint::new(c)),
@@ -388,7 +419,9 @@ impl GroupContext {
                 p as i32,
                 KOffset::Offset(start as i64),
             );
-            parts.insert(p, Part::new(start));
+            let mut part = Part::new(start);
+            part.diverged = diverged_at(checkpoint.as_ref(), end).map(|end| (earliest, end));
+            parts.insert(p, part);
             assignments.push(Assignment {
                 partition: p,
                 earliest,
@@ -405,7 +438,7 @@ impl GroupContext {
             tracing::error!(group = %self.group, error = %e, "cannot take the assignment");
             return;
         }
-        tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, "Kafka assigned partitions");
+        tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, generation = ?gen, "Kafka assigned partitions");
         let _ = self.events.blocking_send(GroupEvent::Assigned {
             group: self.group.clone(),
             partitions: assignments,
@@ -445,6 +478,8 @@ impl GroupContext {
         }
         // Commits the engine issued before it answered.
         self.take_control(&mut commits);
+        // From here a checkpoint of these partitions is not this instance's to write.
+        self.log.inner.progress.release(&self.group, partitions);
         if lost {
             tracing::warn!(group = %self.group, ?partitions, "assignment lost (session timeout): another instance may already own it, not committing");
         } else {
@@ -598,6 +633,20 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
     if let Some(old) = part.fetch.take() {
         // Overtaken: the core ignores the answer to the old fetch id anyway.
         let _ = old.reply.send(LogRead::Decoded(Vec::new()));
+    }
+    if let Some((earliest, end)) = part.diverged.take() {
+        // The next fetch repositions, restarting the fetcher (librdkafka may stop it at
+        // the broker's own out-of-range answer).
+        part.stalled = true;
+        part.base = Offset::MAX;
+        ctx.log
+            .counters()
+            .out_of_range
+            .fetch_add(1, Ordering::Relaxed);
+        let earliest = earliest.min(req.from);
+        tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, end, "the checkpoint knows offsets past the broker's end (its tail was lost); the core forgets them");
+        let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+        return;
     }
     if let Some((earliest, end)) = range {
         part.check_range = false;
@@ -830,6 +879,28 @@ fn expire_fetches(ctx: &GroupContext) {
     }
 }
 
+/// The group generation the consumer is in, as librdkafka's group metadata reports it
+/// (madsim-rdkafka exposes the metadata only as an opaque handle for transactions, so its
+/// one getter is called directly). `None` when there is no group or no generation yet.
+/// (This module is not built under madsim, whose broker has no groups: `assigned` writes
+/// unstamped progress there.)
+fn group_generation(native: &NativeClient) -> Option<i32> {
+    use madsim_rdkafka::bindings as rd;
+    // SAFETY: `native.ptr()` is the live handle of the consumer that `native` borrows.
+    // `rd_kafka_consumer_group_metadata` returns a new object owned by the caller (or
+    // null), which is read once and destroyed once, here.
+    let gen = unsafe {
+        let md = rd::rd_kafka_consumer_group_metadata(native.ptr());
+        if md.is_null() {
+            return None;
+        }
+        let gen = rd::rd_kafka_consumer_group_metadata_generation_id(md);
+        rd::rd_kafka_consumer_group_metadata_destroy(md);
+        gen
+    };
+    (gen >= 0).then_some(gen)
+}
+
 /// The partitions of `topic` in a list. (madsim-rdkafka's `elements_for_topic` builds a
 /// slice from the list's element pointer, which is null in an empty list: not called then.)
 fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> {
@@ -840,4 +911,51 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> 
         .iter()
         .map(|e| e.partition().max(0) as Partition)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use unimesh_core::Progress;
+
+    use super::*;
+
+    fn checkpoint(
+        watermark: Offset,
+        ranges: &[(Offset, Offset)],
+        attempts: &[(Offset, u32)],
+    ) -> Checkpoint {
+        Checkpoint {
+            progress: Progress::from_parts(watermark, ranges.iter().copied()).expect("valid"),
+            attempts: attempts.to_vec(),
+        }
+    }
+
+    /// Goal: a lane whose checkpoint predates a lost tail is told so at its first fetch,
+    /// and only then. Method: checkpoints knowing done offsets, or attempt counts, at or
+    /// above the broker's end diverge there; one knowing nothing at or above it does not.
+    #[test]
+    fn a_checkpoint_knowing_offsets_past_the_end_diverges_there() {
+        assert_eq!(diverged_at(None, 5), None);
+        assert_eq!(diverged_at(Some(&checkpoint(5, &[], &[])), 5), None);
+        assert_eq!(
+            diverged_at(Some(&checkpoint(3, &[(4, 5)], &[(3, 2)])), 5),
+            None
+        );
+        // A range above the end: the tail holding it was lost.
+        assert_eq!(
+            diverged_at(Some(&checkpoint(3, &[(6, 9)], &[])), 7),
+            Some(7)
+        );
+        assert_eq!(
+            diverged_at(Some(&checkpoint(3, &[(4, 6)], &[])), 5),
+            Some(5)
+        );
+        // The watermark itself past the end.
+        assert_eq!(diverged_at(Some(&checkpoint(9, &[], &[])), 7), Some(7));
+        // Only an attempt count at the end.
+        assert_eq!(
+            diverged_at(Some(&checkpoint(3, &[], &[(5, 2)])), 5),
+            Some(5)
+        );
+    }
 }

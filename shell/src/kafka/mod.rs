@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use log::KafkaLog;
-pub use progress::{progress_record, KafkaState};
+pub use progress::KafkaState;
 pub use records::decode_message;
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;

@@ -15,6 +15,53 @@
 //! Bounded: a checkpoint with more than `kafka.max_progress_ranges` ranges (or attempt
 //! counts) keeps its watermark exact and drops the excess above it: more duplicates after
 //! a takeover, never loss; counted as `progress_ranges_dropped`.
+//!
+//! Fenced (docs/DESIGN.md §8, "the shell validates a lane against leader epochs"; the
+//! simulation's store does the same at write time): every progress record carries the
+//! *ownership generation* of its writer — the group coordinator's generation in which the
+//! writer was given the lane, as librdkafka reports it in the assignment callback. Kafka
+//! hands a partition to a new owner only in a later generation than the one its previous
+//! owner got it in, so the contract is: **a record of a lower generation never replaces
+//! one of a higher generation**, however late it is written. A zombie (an instance whose
+//! session expired without it noticing) keeps writing with its old generation; the new
+//! owner's records outrank them. Kafka itself fences the commits of a stale generation.
+//!
+//! The generation is part of the record's *key* (`<group>\n<topic>\n<partition>\n<gen>`),
+//! not only of its value, because the topic is compacted: with one key per lane, the
+//! zombie's late record would be the newest of the key and compaction would delete the
+//! new owner's. So a lane has one key per ownership, and a reader given the lane in
+//! generation `g` takes the record of the highest generation not above `g` (one above `g`
+//! is from an earlier life of the group: a broker restarts generations when it deletes an
+//! empty group; only when every record is above `g` is the highest taken), among the
+//! records not below the group's committed offset (overtaken ones, whatever their
+//! generation) — see [`choose`], which states the contract. After its first durable
+//! write, the new owner deletes (tombstones) every other key of the lane it saw, so keys
+//! stay bounded. A record without a generation (the three-part key: a client that reports
+//! none) ranks below every stamped one.
+//!
+//! Placed: every progress record (and every deletion) is written to partition
+//! [`HOME_PARTITION`] of the progress topic, never where the producer's partitioner would
+//! put its key. "The newest record of a key" is defined only within one partition (Kafka
+//! orders a partition, not a topic; compaction keeps the newest of a key per partition),
+//! and a key placed by hashing moves whenever the hash or the count changes: a broker may
+//! create the topic with more partitions than asked (librdkafka's mock cluster
+//! auto-creates it with four before unimesh's create request arrives), an operator may add
+//! partitions, `kafka.properties.partitioner` is the user's to set, and another client's
+//! partitioner is not ours (librdkafka's default hashes with CRC32, ours with murmur2).
+//! With a key in two partitions the reader's choice between them followed the order in
+//! which it happened to read the partitions, and an older record could win. So the
+//! contract: **all of a lane's records are in the home partition, in the order written**.
+//! The reader reads every partition; a lane with no record in the home partition (written
+//! by a version that let the partitioner place them) resumes from its records elsewhere
+//! (their relative order across partitions is not defined; generations still rank them),
+//! and once the lane's next owner wrote its record home, those are ignored.
+//!
+//! Locally, a batch holding a checkpoint of a lane this instance does not own (revoked, or
+//! lost to a session timeout) fails as a whole and writes nothing, as a fenced batch does
+//! in the simulation; the core has dropped the lane and ignores the failure.
+//! Open: the owner is looked up when the persist writer reaches the batch, not when the
+//! core issued it, so a batch issued before a lost assignment and written only after the
+//! same instance was given the lane again carries the new generation.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -30,8 +77,8 @@ use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{
-    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Partition, PersistBatch, Progress, RateRule,
-    TopicName,
+    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Offset, Partition, PersistBatch, Progress,
+    RateRule, TopicName,
 };
 
 use super::log::{lock, KafkaLog};
@@ -40,17 +87,118 @@ use crate::engine::{BoxFut, StatePort, StoreAdapter};
 use crate::state::codec::encode_subscription;
 use crate::state::{DlqEntry, Loaded};
 
-/// The key of a lane's progress record.
-pub(super) fn progress_key(group: &str, topic: &str, partition: Partition) -> String {
+/// The partition of the progress topic every progress record is written to (see the
+/// module documentation: a key must never be in two partitions).
+pub(super) const HOME_PARTITION: i32 = 0;
+
+/// The coordinator generation in which a progress record's writer was given the lane;
+/// `None` when the client reported none (ranks below every generation).
+pub(super) type OwnerGen = Option<i32>;
+
+/// The part of a progress key that names the lane.
+fn lane_key(group: &str, topic: &str, partition: Partition) -> String {
     format!("{group}\n{topic}\n{partition}")
 }
 
-/// The key and value of the progress record `KafkaState` writes for `lane` (with at most
-/// `max_ranges` ranges), and how many ranges and attempt counts the bound dropped. Public
-/// so a simulation can recognise the record at the broker.
-pub fn progress_record(lane: &LaneCheckpoint, max_ranges: usize) -> (String, Vec<u8>, u64) {
+/// The key of a lane's progress record written under ownership generation `gen`.
+pub(super) fn progress_key(
+    group: &str,
+    topic: &str,
+    partition: Partition,
+    gen: OwnerGen,
+) -> String {
+    let lane = lane_key(group, topic, partition);
+    match gen {
+        Some(g) => format!("{lane}\n{g}"),
+        None => lane,
+    }
+}
+
+/// A progress key split into its lane part and its generation; `None` for a key that is
+/// neither form (names cannot hold a newline, so the split is unambiguous).
+fn parse_progress_key(key: &str) -> Option<(&str, OwnerGen)> {
+    match key.matches('\n').count() {
+        2 => Some((key, None)),
+        3 => {
+            let (lane, gen) = key.rsplit_once('\n')?;
+            Some((lane, Some(gen.parse().ok()?)))
+        }
+        _ => None,
+    }
+}
+
+/// The fence: of a lane's progress records (by ownership generation), the one a reader
+/// given the lane in generation `reader` resumes from, and the generations whose keys the
+/// reader deletes after its own first durable write (all but its own), so records of an
+/// earlier life of the group do not linger.
+///
+/// Contract. `floor` is the group's committed offset of the lane, if any: the broker
+/// fences commits by generation (a replaced owner's commit is refused), every owner writes
+/// its checkpoint here before it commits the watermark, and every owner starts from a
+/// checkpoint at or above the committed offset. So the lane's newest record (its current
+/// owner's) never has a watermark below `floor`, and a record below it is an overtaken
+/// one: an earlier owner's, possibly of an earlier life of the group, whose generations
+/// were higher. Such records are not candidates. Among the candidates, **a record of a
+/// lower generation never replaces one of a higher generation**: the highest generation
+/// not above `reader` wins (every generation when `reader` is unknown). One above
+/// `reader` is from an earlier life of the group (a broker restarts generations when it
+/// deletes an empty group: Kafka once its offsets expire) and is taken only when every
+/// candidate is above `reader`, as that life's last owner. These two numbers are what a
+/// reader can know: the generation ranks the records, the fenced commit bounds them from
+/// below, so restarted generations cannot make a stale record win over a fresh one that
+/// the group's commits already passed. None when no record is a candidate (the caller
+/// resumes from `floor`).
+pub(super) fn choose(
+    records: &BTreeMap<OwnerGen, Checkpoint>,
+    reader: OwnerGen,
+    floor: Option<Offset>,
+) -> (Option<(OwnerGen, &Checkpoint)>, Vec<OwnerGen>) {
+    let candidate = |cp: &Checkpoint| floor.is_none_or(|f| cp.progress.watermark() >= f);
+    let winner = records
+        .range(..=reader.map_or(Some(i32::MAX), Some))
+        .rev()
+        .find(|(_, cp)| candidate(cp))
+        .or_else(|| records.iter().rev().find(|(_, cp)| candidate(cp)))
+        .map(|(&g, cp)| (g, cp));
+    let stale = records.keys().copied().filter(|&g| g != reader).collect();
+    (winner, stale)
+}
+
+/// What the reader found for one lane at its assignment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Chosen {
+    /// The record resumed from, if any survived the fence.
+    pub checkpoint: Option<Checkpoint>,
+    /// Keys of the lane's other records, to delete once the new owner wrote its own.
+    pub stale: Vec<String>,
+}
+
+/// This instance's ownership of a lane: the generation its writes carry, and the keys of
+/// older records still to delete.
+#[derive(Clone, Debug, Default)]
+struct Ownership {
+    gen: OwnerGen,
+    stale: Vec<String>,
+}
+
+/// The ownership generation and stale keys of each lane checkpoint of a batch.
+pub(super) type Stamps = Vec<(OwnerGen, Vec<String>)>;
+
+/// The key and value of the progress record written for `lane` under ownership
+/// generation `gen` (with at most `max_ranges` ranges), and how many ranges and attempt
+/// counts the bound dropped.
+pub(super) fn progress_record(
+    lane: &LaneCheckpoint,
+    gen: OwnerGen,
+    max_ranges: usize,
+) -> (String, Vec<u8>, u64) {
     let (cp, dropped) = bounded(&lane.checkpoint, max_ranges);
-    let key = progress_key(lane.group.as_str(), lane.topic.as_str(), lane.partition);
+    let key = progress_key(
+        lane.group.as_str(),
+        lane.topic.as_str(),
+        lane.partition,
+        gen,
+    );
     (key, cp.encode(), dropped)
 }
 
@@ -75,16 +223,97 @@ pub(super) struct ProgressReader {
     topic: String,
     timeout: Duration,
     state: tokio::sync::Mutex<ReaderState>,
+    /// The lanes this instance owns, per (group, partition).
+    owners: Mutex<BTreeMap<(GroupName, Partition), Ownership>>,
 }
 
 #[derive(Default)]
 struct ReaderState {
     assigned: Option<i32>,
-    view: BTreeMap<String, Checkpoint>,
+    /// Per lane key, its records by ownership generation: those of the home partition.
+    view: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
+    /// The same, of the other partitions (records placed by a partitioner): a lane's
+    /// are used only while it has none in `view`.
+    strays: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
     /// Under madsim (whose consumer has no `position`): the next offset to read, per
     /// partition.
     #[cfg(madsim)]
     next: BTreeMap<i32, i64>,
+}
+
+impl ReaderState {
+    /// One record of the progress topic as read: decoded and absorbed; a corrupt one is
+    /// logged and ignored.
+    fn take<M: Message>(&mut self, m: &M) {
+        let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+            return;
+        };
+        let home = m.partition() == HOME_PARTITION;
+        match m.payload().map(Checkpoint::decode) {
+            None => self.absorb(home, key, None),
+            Some(Ok(cp)) => self.absorb(home, key, Some(cp)),
+            Some(Err(e)) => tracing::error!(%key, error = %e, "corrupt progress record ignored"),
+        }
+    }
+
+    /// One record of the progress topic, in its partition's order: a lane's record under
+    /// an ownership generation, or its deletion (`None`); `home` when it was read from
+    /// [`HOME_PARTITION`].
+    fn absorb(&mut self, home: bool, key: &str, value: Option<Checkpoint>) {
+        let Some((lane, gen)) = parse_progress_key(key) else {
+            tracing::warn!(%key, "progress record with a foreign key ignored");
+            return;
+        };
+        let view = if home {
+            &mut self.view
+        } else {
+            &mut self.strays
+        };
+        match value {
+            Some(cp) => {
+                view.entry(lane.to_owned()).or_default().insert(gen, cp);
+            }
+            None => {
+                if let Some(records) = view.get_mut(lane) {
+                    records.remove(&gen);
+                    if records.is_empty() {
+                        view.remove(lane);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a reader given the lane in generation `reader` resumes from ([`choose`]), and
+    /// the keys it deletes after its first write; `None` when the lane has no record.
+    fn chosen(
+        &self,
+        group: &str,
+        topic: &str,
+        p: Partition,
+        reader: OwnerGen,
+        floor: Option<Offset>,
+    ) -> Option<Chosen> {
+        let lane = lane_key(group, topic, p);
+        let records = self.view.get(&lane).or_else(|| self.strays.get(&lane))?;
+        let (winner, stale) = choose(records, reader, floor);
+        if let Some((gen, _)) = winner.filter(|&(g, _)| g != reader) {
+            tracing::debug!(
+                group,
+                partition = p,
+                ?gen,
+                ?reader,
+                "resuming from the progress of an earlier owner"
+            );
+        }
+        Some(Chosen {
+            checkpoint: winner.map(|(_, cp)| cp.clone()),
+            stale: stale
+                .into_iter()
+                .map(|g| progress_key(group, topic, p, g))
+                .collect(),
+        })
+    }
 }
 
 impl ProgressReader {
@@ -106,27 +335,74 @@ impl ProgressReader {
             topic: settings.progress_topic.clone(),
             timeout: settings.request_timeout,
             state: tokio::sync::Mutex::new(ReaderState::default()),
+            owners: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// The newest progress of each of `partitions` of (group, topic) that has any, read
-    /// after catching up with the topic's end (so a write acknowledged before this call,
-    /// by any instance, is seen). Blocks its thread while polling: call it from a thread
-    /// of its own (the consumer thread).
+    /// Records that this instance now owns `partition` of `group` in generation `gen`,
+    /// with the keys of older records to delete after its first write.
+    pub fn own(&self, group: &GroupName, partition: Partition, gen: OwnerGen, stale: Vec<String>) {
+        lock(&self.owners).insert((group.clone(), partition), Ownership { gen, stale });
+    }
+
+    /// This instance no longer owns these partitions: a checkpoint of them fails.
+    pub fn release(&self, group: &GroupName, partitions: &[Partition]) {
+        let mut owners = lock(&self.owners);
+        for &p in partitions {
+            owners.remove(&(group.clone(), p));
+        }
+    }
+
+    /// The stamp of each checkpoint of `batch`, or why the batch is fenced (a lane this
+    /// instance does not own).
+    fn stamps(&self, batch: &PersistBatch) -> Result<Stamps, String> {
+        let owners = lock(&self.owners);
+        batch
+            .checkpoints
+            .iter()
+            .map(|c| {
+                owners
+                    .get(&(c.group.clone(), c.partition))
+                    .map(|o| (o.gen, o.stale.clone()))
+                    .ok_or_else(|| {
+                        format!(
+                            "fenced: partition {} of group {} is not owned by this instance",
+                            c.partition, c.group
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    /// Forgets the stale keys of a lane once they were deleted.
+    fn stale_deleted(&self, group: &GroupName, partition: Partition, keys: &[String]) {
+        if let Some(o) = lock(&self.owners).get_mut(&(group.clone(), partition)) {
+            o.stale.retain(|k| !keys.contains(k));
+        }
+    }
+
+    /// The progress each of `partitions` of (group, topic) that has any resumes from, for
+    /// a reader given them in generation `reader` with the group's committed offsets
+    /// `committed` ([`choose`]: the floor of each partition), read after catching up with
+    /// the topic's end (so a write acknowledged before this call, by any instance, is
+    /// seen). Blocks its thread while polling: call it from a thread of its own (the
+    /// consumer thread).
     pub async fn latest(
         &self,
         group: &GroupName,
         topic: &TopicName,
         partitions: &[Partition],
-    ) -> Result<BTreeMap<Partition, Checkpoint>, String> {
+        reader: OwnerGen,
+        committed: &BTreeMap<Partition, Offset>,
+    ) -> Result<BTreeMap<Partition, Chosen>, String> {
         let mut st = self.state.lock().await;
         self.catch_up(&mut st).await?;
         Ok(partitions
             .iter()
             .filter_map(|&p| {
-                st.view
-                    .get(&progress_key(group.as_str(), topic.as_str(), p))
-                    .map(|cp| (p, cp.clone()))
+                let floor = committed.get(&p).copied();
+                let chosen = st.chosen(group.as_str(), topic.as_str(), p, reader, floor)?;
+                Some((p, chosen))
             })
             .collect())
     }
@@ -240,28 +516,6 @@ impl ProgressReader {
     }
 }
 
-impl ReaderState {
-    /// One record of the progress topic: the newest of a key wins; a tombstone deletes it.
-    fn take<M: Message>(&mut self, m: &M) {
-        let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-            return;
-        };
-        match m.payload() {
-            None => {
-                self.view.remove(key);
-            }
-            Some(v) => match Checkpoint::decode(v) {
-                Ok(cp) => {
-                    self.view.insert(key.to_owned(), cp);
-                }
-                Err(e) => {
-                    tracing::error!(%key, error = %e, "corrupt progress record ignored")
-                }
-            },
-        }
-    }
-}
-
 /// The state port of the Kafka backend. Shared by every instance, in Kafka: lane
 /// checkpoints (the progress topic), subscription definitions (the subscriptions topic)
 /// and the DLQ ledger (`<topic>.dlq.<group>`). Local: the epoch, a copy of the
@@ -271,6 +525,9 @@ pub struct KafkaState {
     log: KafkaLog,
     /// The topic of each group, for the DLQ topic's name.
     topics: Mutex<BTreeMap<GroupName, TopicName>>,
+    /// Per DLQ key, the record (its [`super::dlq::record_id`]) this instance handed the
+    /// core to replay: what a resolution of the key deletes (docs/DESIGN.md §8).
+    replayed: Arc<Mutex<BTreeMap<DlqKey, String>>>,
 }
 
 impl KafkaState {
@@ -279,7 +536,79 @@ impl KafkaState {
             local,
             log,
             topics: Mutex::new(BTreeMap::new()),
+            replayed: Arc::new(Mutex::new(BTreeMap::new())),
         }
+    }
+
+    /// The key and value of the progress record [`StatePort::apply`] would write for
+    /// `lane` now (stamped with this instance's ownership generation, bounded), and how
+    /// many ranges and attempt counts the bound dropped; why not when the lane is not owned
+    /// here (the batch is fenced). Public so a simulation can recognise the record at the
+    /// broker.
+    pub fn progress_record(&self, lane: &LaneCheckpoint) -> Result<(String, Vec<u8>, u64), String> {
+        let one = PersistBatch {
+            checkpoints: vec![lane.clone()],
+            ..PersistBatch::default()
+        };
+        let gen = match self.log.inner.progress.stamps(&one)?.first() {
+            Some(&(gen, _)) => gen,
+            None => None,
+        };
+        let max = self.log.settings().max_progress_ranges;
+        Ok(progress_record(lane, gen, max))
+    }
+
+    /// The DLQ ledger of `group`, read to its end (off the async workers; under madsim by
+    /// the simulated consumer's async polls).
+    fn ledger(&self, group: GroupName) -> BoxFut<Result<super::dlq::Ledger, String>> {
+        let topic = lock(&self.topics).get(&group).cloned();
+        let log = self.log.clone();
+        Box::pin(async move {
+            let Some(topic) = topic else {
+                return Ok(super::dlq::Ledger::default());
+            };
+            #[cfg(madsim)]
+            return super::dlq::list(&log, &group, &topic).await;
+            #[cfg(not(madsim))]
+            tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic))
+                .await
+                .map_err(|e| format!("DLQ read failed: {e}"))?
+        })
+    }
+}
+
+/// The DLQ tombstones a batch writes: per resolved key, the entry of the record this
+/// instance handed over for that key's replay. A resolution of a key with no replay
+/// remembered here deletes nothing (the entry is replayed again later: a duplicate, never
+/// the loss of another record's dead letter at the key).
+fn resolutions(
+    replayed: &BTreeMap<DlqKey, String>,
+    resolved: &[DlqKey],
+) -> (Vec<(DlqKey, String)>, Vec<DlqKey>) {
+    let mut out = Vec::new();
+    let mut unknown = Vec::new();
+    for k in resolved {
+        match replayed.get(k) {
+            Some(id) => out.push((k.clone(), id.clone())),
+            None => unknown.push(k.clone()),
+        }
+    }
+    (out, unknown)
+}
+
+/// What a durable batch ends of the replays remembered: a resolved key's replay, and a
+/// replayed record dead-lettered again (its replay failed).
+fn replays_done(replayed: &mut BTreeMap<DlqKey, String>, batch: &PersistBatch) {
+    for k in &batch.dlq_resolved {
+        replayed.remove(k);
+    }
+    for d in &batch.dead_letters {
+        if replayed.get(&d.key) == Some(&super::dlq::record_id(&d.record)) {
+            replayed.remove(&d.key);
+        }
+    }
+    for g in &batch.removed_groups {
+        replayed.retain(|k, _| k.group != *g);
     }
 }
 
@@ -297,6 +626,15 @@ impl StatePort for KafkaState {
 
     fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
         let log = self.log.clone();
+        // Looked up before anything is written: a batch of a lane not owned here writes
+        // nothing (see the module documentation).
+        let stamps = match self.log.inner.progress.stamps(&batch) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(reason = %e, "persist fenced");
+                return Box::pin(async move { Err(e) });
+            }
+        };
         let local = self.local.apply(
             Arc::new(PersistBatch {
                 checkpoints: Vec::new(),
@@ -306,15 +644,19 @@ impl StatePort for KafkaState {
             }),
             now_wall_ms,
         );
-        let resolved: Vec<(TopicName, DlqKey)> = {
+        let (tombstones, unknown) = resolutions(&lock(&self.replayed), &batch.dlq_resolved);
+        for k in &unknown {
+            tracing::warn!(group = %k.group, partition = k.partition, offset = k.offset, "a DLQ resolution of no replay of this instance deletes nothing");
+        }
+        let replayed = Arc::clone(&self.replayed);
+        let resolved: Vec<(TopicName, DlqKey, String)> = {
             let mut topics = lock(&self.topics);
             for s in &batch.subscriptions {
                 topics.insert(s.group.clone(), s.topic.clone());
             }
-            let out = batch
-                .dlq_resolved
-                .iter()
-                .filter_map(|k| topics.get(&k.group).map(|t| (t.clone(), k.clone())))
+            let out = tombstones
+                .into_iter()
+                .filter_map(|(k, id)| topics.get(&k.group).map(|t| (t.clone(), k, id)))
                 .collect();
             for g in &batch.removed_groups {
                 topics.remove(g);
@@ -351,11 +693,11 @@ impl StatePort for KafkaState {
             for d in &batch.dead_letters {
                 pending.push(super::dlq::write(&log, d, now_wall_ms).await?);
             }
-            for (topic, key) in &resolved {
-                pending.push(super::dlq::resolve(&log, topic, key)?);
+            for (topic, key, id) in &resolved {
+                pending.push(super::dlq::resolve(&log, topic, key, id)?);
             }
-            for lane in &batch.checkpoints {
-                let (key, value, dropped) = progress_record(lane, s.max_progress_ranges);
+            for (lane, (gen, _)) in batch.checkpoints.iter().zip(&stamps) {
+                let (key, value, dropped) = progress_record(lane, *gen, s.max_progress_ranges);
                 if dropped > 0 {
                     inner
                         .counters
@@ -363,6 +705,7 @@ impl StatePort for KafkaState {
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
                 let record = FutureRecord::to(&s.progress_topic)
+                    .partition(HOME_PARTITION)
                     .key(&key)
                     .payload(&value);
                 match inner.producer.send_result(record) {
@@ -379,24 +722,45 @@ impl StatePort for KafkaState {
                     Err(_) => return Err("the producer dropped a progress write".into()),
                 }
             }
+            replays_done(&mut lock(&replayed), &batch);
+            delete_stale(&log, &batch, &stamps).await;
             local.await
         })
     }
 
     fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
-        let topic = lock(&self.topics).get(&group).cloned();
-        let log = self.log.clone();
+        let ledger = self.ledger(group);
         Box::pin(async move {
-            let Some(topic) = topic else {
-                return Ok(Vec::new());
-            };
-            #[cfg(madsim)]
-            return super::dlq::list(&log, &group, &topic, max).await;
-            #[cfg(not(madsim))]
-            tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic, max))
-                .await
-                .map_err(|e| format!("DLQ read failed: {e}"))?
+            let all = ledger.await?.all(max);
+            Ok(all.into_iter().map(|(_, e)| e).collect())
         })
+    }
+
+    fn dlq_list_for_replay(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        let ledger = self.ledger(group);
+        let replayed = Arc::clone(&self.replayed);
+        Box::pin(async move {
+            let ledger = ledger.await?;
+            let mut replayed = lock(&replayed);
+            let picked = ledger.for_replay(max, |k| replayed.contains_key(k));
+            let mut out = Vec::with_capacity(picked.len());
+            for (id, e) in picked {
+                replayed.insert(e.key.clone(), id);
+                out.push(e);
+            }
+            Ok(out)
+        })
+    }
+
+    fn dlq_replay_refused(&self, _group: &GroupName, keys: &[DlqKey]) {
+        let mut replayed = lock(&self.replayed);
+        for k in keys {
+            replayed.remove(k);
+        }
     }
 
     fn put_rate_rule(
@@ -405,6 +769,40 @@ impl StatePort for KafkaState {
         rule: Option<RateRule>,
     ) -> BoxFut<Result<(), String>> {
         self.local.put_rate_rule(topic, rule)
+    }
+}
+
+/// Deletes the other records of the lanes just written under their owner's generation
+/// (the owner's own record is durable now, and outranks them). Best effort: a key left
+/// behind is outranked anyway and deleted by the lane's next owner.
+async fn delete_stale(log: &KafkaLog, batch: &PersistBatch, stamps: &Stamps) {
+    let inner = &log.inner;
+    for (lane, (_, stale)) in batch.checkpoints.iter().zip(stamps) {
+        if stale.is_empty() {
+            continue;
+        }
+        let mut pending = Vec::with_capacity(stale.len());
+        for key in stale {
+            let record: FutureRecord<'_, str, [u8]> =
+                FutureRecord::to(&inner.settings.progress_topic)
+                    .partition(HOME_PARTITION)
+                    .key(key.as_str());
+            match inner.producer.send_result(record) {
+                Ok(f) => pending.push(f),
+                Err((e, _)) => {
+                    tracing::warn!(%key, error = %e, "cannot delete a stale progress record")
+                }
+            }
+        }
+        let mut all = pending.len() == stale.len();
+        for f in pending {
+            all &= matches!(f.await, Ok(Ok(_)));
+        }
+        if all {
+            inner
+                .progress
+                .stale_deleted(&lane.group, lane.partition, stale);
+        }
     }
 }
 
@@ -450,7 +848,251 @@ mod tests {
     #[test]
     fn progress_keys_are_unambiguous() {
         // Names cannot hold a newline, so the key splits back into its parts.
-        assert_eq!(progress_key("g", "t.x", 3), "g\nt.x\n3");
-        assert_ne!(progress_key("g", "t", 12), progress_key("g", "t1", 2));
+        assert_eq!(progress_key("g", "t.x", 3, None), "g\nt.x\n3");
+        assert_eq!(progress_key("g", "t.x", 3, Some(7)), "g\nt.x\n3\n7");
+        assert_ne!(
+            progress_key("g", "t", 12, None),
+            progress_key("g", "t1", 2, None)
+        );
+        for gen in [None, Some(0), Some(41)] {
+            let key = progress_key("g", "t", 12, gen);
+            assert_eq!(parse_progress_key(&key), Some(("g\nt\n12", gen)));
+        }
+        assert_eq!(parse_progress_key("g\nt"), None);
+        assert_eq!(parse_progress_key("g\nt\n1\nx"), None);
+    }
+
+    fn dead_letter(offset: u64, id: &str) -> unimesh_core::DeadLetter {
+        use unimesh_core::{EventMeta, Record, RecordMeta};
+        unimesh_core::DeadLetter {
+            key: DlqKey {
+                group: GroupName::new("g").expect("valid"),
+                partition: 0,
+                offset,
+            },
+            topic: TopicName::new("t").expect("valid"),
+            record: Record {
+                offset,
+                meta: RecordMeta::Event(Arc::new(EventMeta {
+                    id: id.into(),
+                    source: "/s".into(),
+                    ty: "x".into(),
+                    subject: None,
+                    partition_key: None,
+                    extensions: Vec::new(),
+                })),
+                body: bytes::Bytes::new(),
+                broker_handle: None,
+            },
+            reason: unimesh_core::DeadLetterReason::Nacked,
+            attempts: 1,
+        }
+    }
+
+    /// Goal: a resolution deletes the entry of the record that was replayed, never the
+    /// newer one at the same coordinates. Method: the record handed over for replay at
+    /// offset 7 is the lost one; the resolution's tombstone names it; a key with no replay
+    /// remembered deletes nothing; a durable batch ends the replays it resolved or
+    /// dead-lettered again, and only those.
+    #[test]
+    fn a_resolution_deletes_the_replayed_record_only() {
+        let lost = dead_letter(7, "lost");
+        let lost_id = crate::kafka::dlq::record_id(&lost.record);
+        let other = dead_letter(9, "other");
+        let mut replayed = BTreeMap::new();
+        replayed.insert(lost.key.clone(), lost_id.clone());
+        replayed.insert(
+            other.key.clone(),
+            crate::kafka::dlq::record_id(&other.record),
+        );
+        let unknown_key = dead_letter(8, "x").key;
+        let (out, unknown) = resolutions(&replayed, &[lost.key.clone(), unknown_key.clone()]);
+        assert_eq!(out, vec![(lost.key.clone(), lost_id)]);
+        assert_eq!(unknown, vec![unknown_key]);
+        // The new record at offset 7 dead-lettered: not the replayed one, which goes on.
+        let batch = PersistBatch {
+            dead_letters: vec![dead_letter(7, "new"), other.clone()],
+            ..PersistBatch::default()
+        };
+        replays_done(&mut replayed, &batch);
+        assert_eq!(replayed.keys().collect::<Vec<_>>(), vec![&lost.key]);
+        let batch = PersistBatch {
+            dlq_resolved: vec![lost.key.clone()],
+            ..PersistBatch::default()
+        };
+        replays_done(&mut replayed, &batch);
+        assert!(replayed.is_empty());
+    }
+
+    fn records(of: &[(OwnerGen, u64)]) -> BTreeMap<OwnerGen, Checkpoint> {
+        of.iter()
+            .map(|&(g, wm)| (g, checkpoint(wm, &[], &[])))
+            .collect()
+    }
+
+    /// Goal: a replaced owner's progress never replaces its successor's. Method: the
+    /// zombie (generation 3) writes after the new owner (generation 5); whatever the
+    /// order of writes, the next reader (generation 8) resumes from generation 5's record,
+    /// and the new owner's own key is never among those it deletes.
+    #[test]
+    fn a_late_write_of_a_replaced_owner_is_fenced_out() {
+        let recs = records(&[(Some(3), 40), (Some(5), 12)]);
+        let (winner, stale) = choose(&recs, Some(8), None);
+        assert_eq!(
+            winner.map(|(g, cp)| (g, cp.progress.watermark())),
+            Some((Some(5), 12))
+        );
+        assert_eq!(stale, vec![Some(3), Some(5)]);
+        // The new owner itself (generation 5) re-reads: its own record, never the zombie's.
+        let (winner, stale) = choose(&recs, Some(5), None);
+        assert_eq!(winner.map(|(g, _)| g), Some(Some(5)));
+        assert_eq!(stale, vec![Some(3)]);
+        // A record without a generation ranks below every stamped one.
+        let recs = records(&[(None, 90), (Some(0), 7)]);
+        assert_eq!(
+            choose(&recs, Some(2), None).0.map(|(g, _)| g),
+            Some(Some(0))
+        );
+    }
+
+    /// Goal: the fence holds on the topic as written, whatever the order of writes.
+    /// Method: the lane's records as the progress topic holds them — the new owner
+    /// (generation 5) writes, then the zombie it replaced (generation 3) writes late, then
+    /// the new owner deletes the zombie's key and the zombie writes once more — are read
+    /// in that order; the next owner (generation 8) resumes from generation 5's record
+    /// each time, and deletes both keys after its first write. With one key per lane (no
+    /// fence), the zombie's late record would be the newest and would win.
+    #[test]
+    fn the_topic_as_written_keeps_a_zombies_late_record_out() {
+        let mut st = ReaderState::default();
+        let key = |gen| progress_key("g", "t", 0, gen);
+        let resumed = |st: &ReaderState| {
+            st.chosen("g", "t", 0, Some(8), None)
+                .and_then(|c| c.checkpoint)
+                .map(|cp| cp.progress.watermark())
+        };
+        st.absorb(true, &key(Some(3)), Some(checkpoint(10, &[], &[])));
+        st.absorb(true, &key(Some(5)), Some(checkpoint(12, &[(14, 15)], &[])));
+        st.absorb(true, &key(Some(3)), Some(checkpoint(40, &[], &[])));
+        assert_eq!(resumed(&st), Some(12));
+        st.absorb(true, &key(Some(3)), None);
+        assert_eq!(resumed(&st), Some(12));
+        st.absorb(true, &key(Some(3)), Some(checkpoint(41, &[], &[])));
+        assert_eq!(resumed(&st), Some(12));
+        let chosen = st
+            .chosen("g", "t", 0, Some(8), None)
+            .expect("the lane has records");
+        assert_eq!(chosen.stale, vec![key(Some(3)), key(Some(5))]);
+        // The new owner's own write then deletes the rest; what is left is its own.
+        st.absorb(true, &key(Some(8)), Some(checkpoint(13, &[], &[])));
+        st.absorb(true, &key(Some(3)), None);
+        st.absorb(true, &key(Some(5)), None);
+        assert_eq!(resumed(&st), Some(13));
+        assert_eq!(st.view.get("g\nt\n0").map(BTreeMap::len), Some(1));
+        // A foreign key changes nothing.
+        st.absorb(true, "g\nt", Some(checkpoint(99, &[], &[])));
+        assert_eq!(resumed(&st), Some(13));
+        assert_eq!(st.chosen("g", "t", 1, Some(8), None), None);
+    }
+
+    /// Goal: restarted generations never make a stale record win over a fresh one the
+    /// group's commits already passed, and the floor never lets a lower generation
+    /// replace a higher one above it. Method: a group deleted and recreated (its
+    /// generations start again) left a record of generation 9 (watermark 30) behind; the
+    /// new life's owner of generation 1 reached 50 and committed 50. A reader of
+    /// generation 12 of the new life ranks 9 above 1, but 9 is below the floor: 1 wins.
+    /// Without the commit (no floor), 9 would win. A zombie's record above the floor still
+    /// loses to its successor's; every record below the floor: none (resume at the floor).
+    #[test]
+    fn a_record_below_the_committed_offset_is_not_a_candidate() {
+        let recs = records(&[(Some(1), 50), (Some(9), 30)]);
+        let won = |floor| {
+            choose(&recs, Some(12), floor)
+                .0
+                .map(|(g, cp)| (g, cp.progress.watermark()))
+        };
+        assert_eq!(won(Some(50)), Some((Some(1), 50)));
+        assert_eq!(won(None), Some((Some(9), 30)));
+        assert_eq!(won(Some(30)), Some((Some(9), 30)));
+        // The floor keeps both the zombie (3) and its successor (5): generation decides.
+        let zombie = records(&[(Some(3), 40), (Some(5), 12)]);
+        let (winner, stale) = choose(&zombie, Some(8), Some(10));
+        assert_eq!(winner.map(|(g, _)| g), Some(Some(5)));
+        assert_eq!(stale, vec![Some(3), Some(5)]);
+        assert_eq!(choose(&zombie, Some(8), Some(41)).0, None);
+        // Every candidate above the reader: the highest candidate, not the highest record.
+        let earlier_life = records(&[(Some(7), 20), (Some(9), 4)]);
+        let winner = choose(&earlier_life, Some(2), Some(10)).0;
+        assert_eq!(winner.map(|(g, _)| g), Some(Some(7)));
+    }
+
+    /// Goal: a lane with a record in the home partition resumes from the home records,
+    /// whatever else holds its keys and in whatever order the partitions are read (the
+    /// regression on librdkafka's mock cluster, whose progress topic has four partitions:
+    /// the newest record of a key, written home, lost to an older one of the same key that
+    /// another partitioner had put in another partition, because that partition was read
+    /// last). Method: the same key home (watermark 20) and elsewhere (3), in both read
+    /// orders; a lane whose records are all elsewhere (an earlier placement) resumes from
+    /// them, ranked by generation, until its next owner's record is home.
+    #[test]
+    fn a_record_outside_the_home_partition_never_outranks_the_home_ones() {
+        let resumed = |st: &ReaderState| {
+            st.chosen("g", "t", 0, Some(8), None)
+                .and_then(|c| c.checkpoint)
+                .map(|cp| cp.progress.watermark())
+        };
+        let key = |gen| progress_key("g", "t", 0, gen);
+        for stray_read_last in [false, true] {
+            let mut st = ReaderState::default();
+            if !stray_read_last {
+                st.absorb(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+            }
+            st.absorb(true, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+            st.absorb(true, &key(Some(2)), Some(checkpoint(20, &[], &[])));
+            if stray_read_last {
+                st.absorb(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+                // Even a stray of a higher generation: the lane has records home.
+                st.absorb(false, &key(Some(7)), Some(checkpoint(1, &[], &[])));
+            }
+            assert_eq!(resumed(&st), Some(20), "stray read last: {stray_read_last}");
+        }
+        let mut st = ReaderState::default();
+        st.absorb(false, &key(Some(4)), Some(checkpoint(7, &[], &[])));
+        st.absorb(false, &key(Some(1)), Some(checkpoint(9, &[], &[])));
+        assert_eq!(resumed(&st), Some(7));
+        st.absorb(true, &key(Some(8)), Some(checkpoint(8, &[], &[])));
+        assert_eq!(resumed(&st), Some(8));
+        let chosen = st
+            .chosen("g", "t", 0, Some(8), None)
+            .expect("the lane has records");
+        assert!(chosen.stale.is_empty(), "{:?}", chosen.stale);
+    }
+
+    /// Goal: a group the broker deleted and recreated (generations start again) neither
+    /// pins its lanes to a record of its earlier life nor forgets that life's progress.
+    /// Method: a reader in generation 2 sees records of generations 1 and 9: 9 is of the
+    /// earlier life, 1 of this one, which is taken (and both deleted after its write);
+    /// seeing only 9 (the last owner before the group emptied), it takes 9.
+    #[test]
+    fn a_record_above_the_readers_generation_is_from_an_earlier_group() {
+        let recs = records(&[(Some(1), 30), (Some(9), 50)]);
+        let (winner, stale) = choose(&recs, Some(2), None);
+        assert_eq!(
+            winner.map(|(g, cp)| (g, cp.progress.watermark())),
+            Some((Some(1), 30))
+        );
+        assert_eq!(stale, vec![Some(1), Some(9)]);
+        let only_later = records(&[(Some(9), 50)]);
+        let (winner, stale) = choose(&only_later, Some(2), None);
+        assert_eq!(
+            winner.map(|(g, cp)| (g, cp.progress.watermark())),
+            Some((Some(9), 50))
+        );
+        assert_eq!(stale, vec![Some(9)]);
+        // A reader that knows no generation takes the highest and deletes all stamped keys.
+        let (winner, stale) = choose(&recs, None, None);
+        assert_eq!(winner.map(|(g, _)| g), Some(Some(9)));
+        assert_eq!(stale, vec![Some(1), Some(9)]);
+        assert_eq!(choose(&BTreeMap::new(), Some(1), None), (None, vec![]));
     }
 }

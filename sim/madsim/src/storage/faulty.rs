@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use madsim_tokio as tokio;
-use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName};
+use unimesh_core::{
+    DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
+};
 use unimesh_shell::engine::{
     AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
 };
@@ -376,6 +378,18 @@ impl StatePort for FaultyState {
 
     fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
         self.inner.dlq_list(group, max)
+    }
+
+    fn dlq_list_for_replay(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.inner.dlq_list_for_replay(group, max)
+    }
+
+    fn dlq_replay_refused(&self, group: &GroupName, keys: &[DlqKey]) {
+        self.inner.dlq_replay_refused(group, keys)
     }
 
     fn put_rate_rule(

@@ -14,13 +14,14 @@
 //! - that a record is reported before anyone reads it: the log port holds a fetch answer,
 //!   and a publish answer, until the tap has reported every record in it.
 //! - when a state batch is durable. A batch with checkpoints is durable when the broker
-//!   holds its last progress record (`kafka::progress_record`, written last): the tap reads
-//!   the progress topic too and reports the batch at that record, also when the node died
-//!   before the broker's answer came back (a kill reads the progress topic to its end before
-//!   the world hears of the crash). A batch without checkpoints is durable when
-//!   `KafkaState::apply` answers. Known gap: `KafkaState` writes a batch to two stores (the
-//!   topics, then the node's local store for definitions and rate rules), so a kill between
-//!   the two leaves its local part lost although the world counts the batch durable.
+//!   holds its last progress record (`KafkaState::progress_record`, written last, to the
+//!   progress topic's one partition): the tap reads the progress topic too and reports the
+//!   batch at that record, also when the node died before the broker's answer came back (a
+//!   kill reads the progress topic to its end before the world hears of the crash). A batch
+//!   without checkpoints is durable when `KafkaState::apply` answers. Known gap:
+//!   `KafkaState` writes a batch to two stores (the topics, then the node's local store for
+//!   definitions and rate rules), so a kill between the two leaves its local part lost
+//!   although the world counts the batch durable.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -36,12 +37,14 @@ use madsim_rdkafka::consumer::BaseConsumer;
 use madsim_rdkafka::producer::{FutureProducer, FutureRecord};
 use madsim_rdkafka::{ClientConfig, Message, Offset as KOffset, SimBroker, TopicPartitionList};
 use madsim_tokio as tokio;
-use unimesh_core::{GroupName, Offset, Partition, PersistBatch, RateRule, RecordMeta, TopicName};
+use unimesh_core::{
+    DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, RecordMeta, TopicName,
+};
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
     AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, StoreAdapter,
 };
-use unimesh_shell::kafka::{decode_message, progress_record, KafkaLog, KafkaSettings, KafkaState};
+use unimesh_shell::kafka::{decode_message, KafkaLog, KafkaSettings, KafkaState};
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded, MemoryDisk, MemoryStore};
 use unimesh_sim::rng::Rng;
@@ -126,7 +129,6 @@ impl Backend for KafkaBackend {
             let local = StoreAdapter::new(Box::new(MemoryStore::open(disk)));
             let state: Arc<dyn StatePort> = Arc::new(ReportingState {
                 inner: KafkaState::new(local, log.clone()),
-                max_ranges: log.settings().max_progress_ranges,
                 tap: tap.clone(),
                 world: world.clone(),
             });
@@ -576,7 +578,6 @@ impl LogPort for TappedLog {
 /// documentation).
 struct ReportingState {
     inner: KafkaState,
-    max_ranges: usize,
     tap: Arc<Tap>,
     world: Arc<World>,
 }
@@ -590,7 +591,7 @@ impl StatePort for ReportingState {
         let last = batch
             .checkpoints
             .last()
-            .map(|lane| progress_record(lane, self.max_ranges));
+            .and_then(|lane| self.inner.progress_record(lane).ok());
         let registered = last.map(|(key, value, _)| self.tap.register(batch.clone(), key, value));
         let write = self.inner.apply(batch.clone(), now_wall_ms);
         let (tap, world) = (self.tap.clone(), self.world.clone());
@@ -614,6 +615,18 @@ impl StatePort for ReportingState {
 
     fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
         self.inner.dlq_list(group, max)
+    }
+
+    fn dlq_list_for_replay(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.inner.dlq_list_for_replay(group, max)
+    }
+
+    fn dlq_replay_refused(&self, group: &GroupName, keys: &[DlqKey]) {
+        self.inner.dlq_replay_refused(group, keys)
     }
 
     fn put_rate_rule(
