@@ -2,14 +2,18 @@
 
     kafka_client.py produce BROKERS TOPIC     # writes the records below, prints their offsets
     kafka_client.py consume BROKERS TOPIC N   # reads N records from the beginning, prints them
-    kafka_client.py progress BROKERS GROUP TOPIC PARTITION WATERMARK [stale]
+    kafka_client.py records BROKERS GROUP TOPIC PARTITION   # the lane's live progress
+        # records, one JSON object each: {"generation", "leader_epoch"} (header values)
+    kafka_client.py progress BROKERS GROUP TOPIC PARTITION WATERMARK [stale] [epoch=E]
         # writes a progress record (unimesh's checkpoint encoding, no ranges) for the lane,
         # as if a group had reached WATERMARK: to test a resume offset the log does not have.
         # The record is keyed as the lane's last owner's (its ownership generation, the
         # highest one in the topic: shell/src/kafka/progress.rs); with `stale`, as an owner
         # replaced before it (one generation lower): a zombie's late write, which the
         # lane's next owner must ignore. Without stamped records, the lane's one key.
-        # Written to partition 0, where unimesh writes every progress record.
+        # Written to partition 0, where unimesh writes every progress record. With
+        # `epoch=E`, stamped as written by a lane whose position was in leader epoch E
+        # (the header unimesh-leader-epoch: shell/src/kafka/epochs.rs).
 
 `produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
 partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
@@ -113,6 +117,12 @@ def consume(brokers, topic, n):
 
 def owner_generations(brokers, lane):
     """The ownership generations of the lane's live progress records (None: unstamped)."""
+    return list(live_records(brokers, lane))
+
+
+def live_records(brokers, lane):
+    """The lane's live progress records: {ownership generation (None: unstamped): the
+    value of their unimesh-leader-epoch header (None: none)}."""
     from confluent_kafka import TopicPartition
 
     consumer = Consumer({"bootstrap.servers": brokers, "group.id": "kafka-client-progress",
@@ -145,12 +155,13 @@ def owner_generations(brokers, lane):
         if m.value() is None:
             live.pop(gen, None)
         else:
-            live[gen] = True
+            epoch = dict(m.headers() or []).get("unimesh-leader-epoch")
+            live[gen] = None if epoch is None else epoch.decode()
     consumer.close()
-    return list(live)
+    return live
 
 
-def progress(brokers, group, topic, partition, watermark, stale=False):
+def progress(brokers, group, topic, partition, watermark, stale=False, epoch=None):
     # core/src/checkpoint.rs: "UMCK" | version 1 | watermark u64 | 0 ranges | 0 attempts | crc32
     body = b"UMCK" + bytes([1]) + struct.pack("<QII", watermark, 0, 0)
     value = body + struct.pack("<I", zlib.crc32(body))
@@ -167,7 +178,9 @@ def progress(brokers, group, topic, partition, watermark, stale=False):
     # Where unimesh writes every progress record (shell/src/kafka/progress.rs,
     # HOME_PARTITION), not where this client's partitioner would put the key: a key in two
     # partitions has no newest record.
-    producer.produce("unimesh.progress", key=key.encode(), value=value, partition=0)
+    headers = [] if epoch is None else [("unimesh-leader-epoch", str(epoch).encode())]
+    producer.produce("unimesh.progress", key=key.encode(), value=value, partition=0,
+                     headers=headers)
     if producer.flush(30):
         raise SystemExit("progress record not delivered")
     print(json.dumps({"written": True, "key": key}))
@@ -178,8 +191,14 @@ if __name__ == "__main__":
         produce(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 5 and sys.argv[1] == "consume":
         consume(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) >= 6 and sys.argv[1] == "records":
+        lane = f"{sys.argv[3]}\n{sys.argv[4]}\n{sys.argv[5]}"
+        for gen, epoch in live_records(sys.argv[2], lane).items():
+            print(json.dumps({"generation": gen, "leader_epoch": epoch}))
     elif len(sys.argv) >= 7 and sys.argv[1] == "progress":
+        extra = sys.argv[7:]
+        epochs = [int(a[len("epoch="):]) for a in extra if a.startswith("epoch=")]
         progress(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]),
-                 stale=len(sys.argv) >= 8 and sys.argv[7] == "stale")
+                 stale="stale" in extra, epoch=epochs[0] if epochs else None)
     else:
         raise SystemExit(__doc__)

@@ -7,9 +7,11 @@
 //! tests fail, saying how to install it — never a silent pass.
 
 use std::fs::File;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::Options;
@@ -40,11 +42,13 @@ pub fn tansu_bin() -> PathBuf {
     )
 }
 
-/// One tansu broker on 127.0.0.1, in memory.
+/// One tansu broker on 127.0.0.1, in memory (or the mock cluster).
 pub struct Broker {
     child: Option<Child>,
     addr: SocketAddr,
     log: PathBuf,
+    /// The mock cluster's command channel (its stdin, and its stdout for the answers).
+    mock: Option<Mutex<(ChildStdin, BufReader<ChildStdout>)>>,
     _dir: tempfile::TempDir,
 }
 
@@ -69,16 +73,17 @@ impl Broker {
         let script = crate::package_dir().join("python/mock_kafka.py");
         let mut child = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
             .arg(&script)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(err))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
         let mut line = String::new();
-        if let Some(out) = child.stdout.take() {
-            use std::io::BufRead as _;
-            let _ = std::io::BufReader::new(out).read_line(&mut line);
-        }
+        let (Some(input), Some(out)) = (child.stdin.take(), child.stdout.take()) else {
+            panic!("the mock cluster's pipes were not opened");
+        };
+        let mut out = BufReader::new(out);
+        let _ = out.read_line(&mut line);
         let addr: SocketAddr = line.trim().parse().unwrap_or_else(|_| {
             let _ = child.kill();
             panic!(
@@ -90,8 +95,35 @@ impl Broker {
             child: Some(child),
             addr,
             log,
+            mock: Some(Mutex::new((input, out))),
             _dir: dir,
         }
+    }
+
+    /// Whether this is the mock cluster (which can do what tansu cannot: a new leader
+    /// epoch on demand).
+    pub fn is_mock(&self) -> bool {
+        self.mock.is_some()
+    }
+
+    /// Elects the partition's leader again (the mock cluster only): records appended from
+    /// now on carry a new leader epoch, as after a failover.
+    pub fn new_leader_epoch(&self, topic: &str, partition: u32) {
+        let Some(mock) = &self.mock else {
+            panic!("only the mock cluster starts a new leader epoch on demand");
+        };
+        let mut guard = mock.lock().unwrap_or_else(|p| p.into_inner());
+        let (input, out) = &mut *guard;
+        writeln!(input, "leader {topic} {partition}")
+            .and_then(|()| input.flush())
+            .unwrap_or_else(|e| panic!("cannot command the mock cluster: {e}"));
+        let mut answer = String::new();
+        let _ = out.read_line(&mut answer);
+        assert_eq!(
+            answer.trim(),
+            "ok",
+            "the mock cluster refused a new leader for {topic}/{partition}"
+        );
     }
 
     fn start_tansu() -> Self {
@@ -130,6 +162,7 @@ impl Broker {
             child: Some(child),
             addr,
             log,
+            mock: None,
             _dir: dir,
         };
         let started = Instant::now();

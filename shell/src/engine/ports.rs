@@ -79,6 +79,9 @@ pub struct BrokerMetrics {
     pub commit_failures: u64,
     /// ACK ranges and attempt counts left out of progress records to keep them bounded.
     pub progress_ranges_dropped: u64,
+    /// Lanes whose log diverged from what they knew (a lost tail, found by leader epochs
+    /// or a log shorter than the checkpoint): the core forgot from there and reported it.
+    pub log_divergences: u64,
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the

@@ -15,8 +15,9 @@
 //!   `unimesh_log_write_failures_total`, `unimesh_log_disk_bytes`; and on Kafka
 //!   `unimesh_kafka_rebalances_total`, `unimesh_kafka_producer_errors_total`,
 //!   `unimesh_kafka_out_of_range_total`, `unimesh_kafka_commit_failures_total`,
-//!   `unimesh_kafka_progress_ranges_dropped_total` (`unimesh_lag` is then the broker's end
-//!   offset, read every second, minus the watermark).
+//!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`
+//!   (`unimesh_lag` is then the broker's end offset, read every second, minus the
+//!   watermark).
 //!
 //! The group totals are sums over the groups that exist at scrape time plus the groups
 //! deleted since the process started, so deleting a group never lowers them (they restart
@@ -299,7 +300,7 @@ impl Collector for SnapshotCollector {
                 ConstCounter::new(v).encode(m)?;
             }
             if let Some(b) = &log.broker {
-                let counters: [(&str, &str, u64); 5] = [
+                let counters: [(&str, &str, u64); 6] = [
                     (
                         "unimesh_kafka_rebalances",
                         "Kafka rebalance callbacks run (assignments and revocations)",
@@ -324,6 +325,11 @@ impl Collector for SnapshotCollector {
                         "unimesh_kafka_progress_ranges_dropped",
                         "ACK ranges and attempt counts left out of progress records (bounded)",
                         b.progress_ranges_dropped,
+                    ),
+                    (
+                        "unimesh_kafka_log_divergences",
+                        "Lanes whose log diverged from what they knew (a lost tail; forgotten from there and reported)",
+                        b.log_divergences,
                     ),
                 ];
                 for (name, help, v) in counters {
@@ -397,6 +403,7 @@ mod tests {
                     out_of_range: 0,
                     commit_failures: 0,
                     progress_ranges_dropped: 9,
+                    log_divergences: 2,
                 }),
             }),
         };
@@ -409,6 +416,7 @@ mod tests {
             "unimesh_kafka_rebalances_total 4\n",
             "unimesh_kafka_producer_errors_total 1\n",
             "unimesh_kafka_progress_ranges_dropped_total 9\n",
+            "unimesh_kafka_log_divergences_total 2\n",
             "unimesh_epoch 3\n",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");

@@ -208,7 +208,9 @@ impl Shared {
         // between): this instance's progress writes of the lanes are accepted, unstamped,
         // and the first of each deletes the lane's other records.
         for (p, keys) in stale {
-            log.inner.progress.own(&self.group, p, NO_GENERATION, keys);
+            log.inner
+                .progress
+                .own(&self.group, p, NO_GENERATION, None, keys);
         }
         tracing::info!(group = %self.group, instance = %log.settings().instance, ?partitions, "Kafka assigned partitions");
         let _ = events

@@ -34,6 +34,7 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Assignment, Checkpoint, GroupName, Offset, Partition, Record, TopicName};
 
+use super::epochs::{divergence, known_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
 use super::records::decode_message;
 use crate::engine::{GroupEvent, LogRead};
@@ -105,6 +106,7 @@ impl GroupConsumer {
             parts: Mutex::new(BTreeMap::new()),
             control: Mutex::new(rx),
             held: Mutex::new(Vec::new()),
+            probe: Mutex::new(None),
         };
         let consumer: BaseConsumer<GroupContext> = log
             .inner
@@ -210,25 +212,26 @@ struct Part {
     /// error` librdkafka stops a partition at an out-of-range answer, and a seek no longer
     /// restarts it): the next repositioning assigns the partition again instead.
     stalled: bool,
-    /// (earliest, end) at assignment when the lane's checkpoint knows offsets at or above
-    /// the broker's end ([`diverged_at`]): its next fetch is answered out of range.
-    diverged: Option<(Offset, Offset)>,
+    /// A check of what the lane knows against the log, due before its next fetch is
+    /// answered: at assignment (the checkpoint it resumes from), and after librdkafka
+    /// stopped the partition (it may have detected a truncation).
+    validate: Option<Validate>,
+    /// The leader epoch of the lane's position: the checkpoint's stamp, raised by every
+    /// record read; progress records are stamped with it (`epochs.rs`).
+    epoch: Option<i32>,
+    /// The lane knows offsets below this (its checkpoint's, and every record read).
+    known_end: Offset,
 }
 
-/// The broker's end when a lane's checkpoint knows offsets at or above it (done ones, or
-/// attempt counts): the broker lost its tail since the checkpoint was written (an end
-/// only moves back by truncation, and a checkpoint knows only offsets that were read), and
-/// those offsets will name new records. The lane's first fetch is then answered
-/// `OutOfRange{end}` with an earliest not above the asked offset (so it cannot read as
-/// retention), whatever its cursor: the core forgets what it knew from `end` and reports
-/// the loss, instead of taking new records at those offsets for done (docs/DESIGN.md §8).
-/// The checkpoint is not clipped here: the core's forgetting is what reports the loss.
-/// Without leader epochs a tail lost and refilled past the checkpoint before the
-/// assignment goes unseen.
-fn diverged_at(checkpoint: Option<&Checkpoint>, end: Offset) -> Option<Offset> {
-    let c = checkpoint?;
-    let knows = c.progress.done_end() > end || c.attempts.iter().any(|&(o, _)| o >= end);
-    knows.then_some(end)
+/// What a lane knows, to check against the log before it reads on (`epochs.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Validate {
+    /// The leader epoch of what it knows (`None`: unknown; only the log's end tells).
+    stamp: Option<i32>,
+    /// It knows offsets below this.
+    known_end: Offset,
+    /// The log's (earliest, end) to check against; `None`: read them first.
+    range: Option<(Offset, Offset)>,
 }
 
 impl Part {
@@ -236,7 +239,9 @@ impl Part {
         Self {
             check_range: false,
             stalled: false,
-            diverged: None,
+            validate: None,
+            epoch: None,
+            known_end: 0,
             base,
             buffer: VecDeque::new(),
             buffered_bytes: 0,
@@ -296,6 +301,8 @@ pub(super) struct GroupContext {
     control: Mutex<std_mpsc::Receiver<Control>>,
     /// Fetches taken off the control channel during a revocation, handled after it.
     held: Mutex<Vec<FetchRequest>>,
+    /// Reads records' leader epochs, made when a lane first needs it.
+    probe: Mutex<Option<EpochProbe>>,
 }
 
 impl ClientContext for GroupContext {}
@@ -403,14 +410,20 @@ impl GroupContext {
                 }
             };
             let chosen = stored.get(&p).cloned().unwrap_or_default();
-            tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), committed = ?committed.get(&p), end, "progress read at assignment");
-            log.inner.progress.own(&self.group, p, gen, chosen.stale);
-            let checkpoint = match (chosen.checkpoint.as_ref(), committed.get(&p)) {
-                (Some(cp), Some(&c)) if c > cp.progress.watermark() => Some(Checkpoint::new(c)),
-                (Some(cp), _) => Some(cp.clone()),
-                (None, Some(&c)) => Some(Checkpoint::new(c)),
-                (None, None) => None,
+            tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), leader_epoch = ?chosen.leader_epoch, committed = ?committed.get(&p), end, "progress read at assignment");
+            // A committed offset past the progress record is all that is known (a commit
+            // carries no leader epoch here): checked against the log's end only.
+            let (checkpoint, stamp) = match (chosen.checkpoint.as_ref(), committed.get(&p)) {
+                (Some(cp), Some(&c)) if c > cp.progress.watermark() => {
+                    (Some(Checkpoint::new(c)), None)
+                }
+                (Some(cp), _) => (Some(cp.clone()), chosen.leader_epoch),
+                (None, Some(&c)) => (Some(Checkpoint::new(c)), None),
+                (None, None) => (None, None),
             };
+            log.inner
+                .progress
+                .own(&self.group, p, gen, stamp, chosen.stale);
             let start = checkpoint
                 .as_ref()
                 .map_or(earliest, |c| c.progress.watermark());
@@ -420,7 +433,15 @@ impl GroupContext {
                 KOffset::Offset(start as i64),
             );
             let mut part = Part::new(start);
-            part.diverged = diverged_at(checkpoint.as_ref(), end).map(|end| (earliest, end));
+            part.epoch = stamp;
+            if let Some(c) = &checkpoint {
+                part.known_end = known_end(c);
+                part.validate = Some(Validate {
+                    stamp,
+                    known_end: part.known_end,
+                    range: Some((earliest, end)),
+                });
+            }
             parts.insert(p, part);
             assignments.push(Assignment {
                 partition: p,
@@ -610,6 +631,18 @@ fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
 }
 
 fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: FetchRequest) {
+    let due = lock(&ctx.parts)
+        .get(&req.partition)
+        .and_then(|p| p.validate);
+    let diverged = match due.map(|v| validate(ctx, req.partition, v)) {
+        None => None,
+        Some(Err(e)) => {
+            // Never read on from what was not checked: the core fetches again later.
+            let _ = req.reply.send(LogRead::Failed(e));
+            return;
+        }
+        Some(Ok(d)) => d,
+    };
     let check = lock(&ctx.parts)
         .get(&req.partition)
         .is_some_and(|p| p.check_range);
@@ -634,17 +667,21 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         // Overtaken: the core ignores the answer to the old fetch id anyway.
         let _ = old.reply.send(LogRead::Decoded(Vec::new()));
     }
-    if let Some((earliest, end)) = part.diverged.take() {
+    if due.is_some() {
+        part.validate = None;
+    }
+    if let Some((earliest, end)) = diverged {
         // The next fetch repositions, restarting the fetcher (librdkafka may stop it at
         // the broker's own out-of-range answer).
         part.stalled = true;
         part.base = Offset::MAX;
-        ctx.log
-            .counters()
-            .out_of_range
-            .fetch_add(1, Ordering::Relaxed);
+        part.known_end = part.known_end.min(end);
+        let counters = ctx.log.counters();
+        counters.out_of_range.fetch_add(1, Ordering::Relaxed);
+        counters.log_divergences.fetch_add(1, Ordering::Relaxed);
+        // An earliest not above the asked offset, so it cannot read as retention.
         let earliest = earliest.min(req.from);
-        tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, end, "the checkpoint knows offsets past the broker's end (its tail was lost); the core forgets them");
+        tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, end, "the log diverged from what the lane knows (its tail was lost); the core forgets from there");
         let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
         return;
     }
@@ -713,6 +750,40 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
             part.paused = false;
         }
     }
+}
+
+/// Checks what a lane knows against the log ([`divergence`]): the log's (earliest,
+/// divergence point) when it diverged, `None` when not; an error when the log could not
+/// be read (the check stays due).
+fn validate(
+    ctx: &GroupContext,
+    partition: Partition,
+    v: Validate,
+) -> Result<Option<(Offset, Offset)>, String> {
+    let runtime = &ctx.log.inner.runtime;
+    let (earliest, end) = match v.range {
+        Some(r) => r,
+        None => runtime
+            .block_on(ctx.log.watermarks(&ctx.topic, partition))
+            .map_err(|e| {
+                format!(
+                    "cannot read the offsets of {}/{partition}: {e:?}",
+                    ctx.topic
+                )
+            })?,
+    };
+    let mut probe = lock(&ctx.probe);
+    if v.stamp.is_some() && probe.is_none() {
+        *probe = Some(runtime.block_on(EpochProbe::new(ctx.log.settings()))?);
+    }
+    let topic = ctx.topic.as_str();
+    let d = divergence(v.stamp, earliest, end, v.known_end, |o| {
+        match probe.as_ref() {
+            Some(p) => p.first_at(topic, partition, o, end),
+            None => Err("no leader-epoch probe".to_owned()),
+        }
+    })?;
+    Ok(d.map(|d| (earliest, d)))
 }
 
 /// Starts fetching `partition` at `from` again after the consumer may have stopped it (a
@@ -795,6 +866,14 @@ fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &Bor
         return;
     }
     let record = decode_message(m, ctx.log.settings().max_event_bytes);
+    part.known_end = part.known_end.max(offset + 1);
+    if let Some(e) = leader_epoch(m).filter(|&e| part.epoch.is_none_or(|k| e > k)) {
+        part.epoch = Some(e);
+        ctx.log
+            .inner
+            .progress
+            .observe_epoch(&ctx.group, partition, e);
+    }
     part.buffered_bytes += record.body.len();
     part.buffer.push_back(record);
     part.answer_if_ready();
@@ -811,6 +890,9 @@ fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &Bor
 /// partition) marks every partition to check its range at its next fetch — outside the
 /// log it answers `OutOfRange`, so the core repositions (and reports it) — and to restart
 /// its fetcher, which librdkafka stopped; waiting fetches are handled again right away.
+/// librdkafka reports a truncation it detected (its own leader-epoch validation of the
+/// fetch position) as the same error, so every partition also checks what it knows
+/// against the log again before it reads on.
 fn on_error(ctx: &GroupContext, e: &KafkaError) {
     let out_of_range = matches!(
         e.rdkafka_error_code(),
@@ -827,6 +909,11 @@ fn on_error(ctx: &GroupContext, e: &KafkaError) {
             .values_mut()
             .filter_map(|part| {
                 part.check_range = true;
+                part.validate = Some(Validate {
+                    stamp: part.epoch,
+                    known_end: part.known_end,
+                    range: None,
+                });
                 part.fetch.take()
             })
             .collect()
@@ -928,6 +1015,12 @@ mod tests {
             progress: Progress::from_parts(watermark, ranges.iter().copied()).expect("valid"),
             attempts: attempts.to_vec(),
         }
+    }
+
+    /// What the check of a lane without a leader epoch finds (`validate`).
+    fn diverged_at(c: Option<&Checkpoint>, end: Offset) -> Option<Offset> {
+        let c = c?;
+        divergence(None, 0, end, known_end(c), |_| Err("read")).expect("no read without a stamp")
     }
 
     /// Goal: a lane whose checkpoint predates a lost tail is told so at its first fetch,

@@ -39,6 +39,7 @@ pub struct KafkaCounters {
     pub out_of_range: AtomicU64,
     pub commit_failures: AtomicU64,
     pub progress_ranges_dropped: AtomicU64,
+    pub log_divergences: AtomicU64,
 }
 
 /// The Kafka cluster as the engine's log: a shared idempotent producer, topic creation, end
@@ -554,6 +555,7 @@ impl LogPort for KafkaLog {
                 out_of_range: c.out_of_range.load(Ordering::Relaxed),
                 commit_failures: c.commit_failures.load(Ordering::Relaxed),
                 progress_ranges_dropped: c.progress_ranges_dropped.load(Ordering::Relaxed),
+                log_divergences: c.log_divergences.load(Ordering::Relaxed),
             }),
         })
     }

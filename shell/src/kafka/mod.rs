@@ -7,7 +7,8 @@
 //! the core's `PartitionsAssigned` / `PartitionsRevoked` and which carries out the core's
 //! `Fetch` (seek, pause, resume) and `Commit`; `progress` the compacted progress topic that
 //! holds each lane's ACK ranges and attempt counts above the committed offset, and the
-//! state port that writes it.
+//! state port that writes it; `epochs` the leader-epoch check of what a lane knows against
+//! the log (a lost and refilled tail).
 //!
 //! Contracts (docs/DESIGN.md §3, §5, §7):
 //! - publish: `acks=all` and idempotence; the answer waits for every delivery report; a
@@ -33,6 +34,7 @@ mod assigned;
 #[cfg(not(madsim))]
 mod consumer;
 mod dlq;
+mod epochs;
 mod log;
 mod progress;
 mod records;

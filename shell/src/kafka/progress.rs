@@ -56,6 +56,11 @@
 //! (their relative order across partitions is not defined; generations still rank them),
 //! and once the lane's next owner wrote its record home, those are ignored.
 //!
+//! Stamped: a progress record also carries, in its `unimesh-leader-epoch` header, the
+//! leader epoch of the lane's position (the highest epoch of the records it read); the
+//! lane's next owner checks what the record knows against the log with it before reading
+//! on (`epochs.rs`). A record without the header is checked against the log's end only.
+//!
 //! Locally, a batch holding a checkpoint of a lane this instance does not own (revoked, or
 //! lost to a session timeout) fails as a whole and writes nothing, as a fenced batch does
 //! in the simulation; the core has dropped the lane and ignores the failure.
@@ -63,6 +68,7 @@
 //! core issued it, so a batch issued before a lost assignment and written only after the
 //! same instance was given the lane again carries the new generation.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -73,6 +79,8 @@ use std::time::Instant;
 use madsim_rdkafka::consumer::BaseConsumer;
 #[cfg(not(madsim))]
 use madsim_rdkafka::consumer::Consumer;
+#[cfg(not(madsim))]
+use madsim_rdkafka::message::{Header, OwnedHeaders};
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
@@ -81,6 +89,7 @@ use unimesh_core::{
     RateRule, TopicName,
 };
 
+use super::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
 use super::log::{lock, KafkaLog};
 use super::KafkaSettings;
 use crate::engine::{BoxFut, StatePort, StoreAdapter};
@@ -148,12 +157,12 @@ fn parse_progress_key(key: &str) -> Option<(&str, OwnerGen)> {
 /// below, so restarted generations cannot make a stale record win over a fresh one that
 /// the group's commits already passed. None when no record is a candidate (the caller
 /// resumes from `floor`).
-pub(super) fn choose(
-    records: &BTreeMap<OwnerGen, Checkpoint>,
+pub(super) fn choose<T: Borrow<Checkpoint>>(
+    records: &BTreeMap<OwnerGen, T>,
     reader: OwnerGen,
     floor: Option<Offset>,
-) -> (Option<(OwnerGen, &Checkpoint)>, Vec<OwnerGen>) {
-    let candidate = |cp: &Checkpoint| floor.is_none_or(|f| cp.progress.watermark() >= f);
+) -> (Option<(OwnerGen, &T)>, Vec<OwnerGen>) {
+    let candidate = |cp: &T| floor.is_none_or(|f| cp.borrow().progress.watermark() >= f);
     let winner = records
         .range(..=reader.map_or(Some(i32::MAX), Some))
         .rev()
@@ -164,25 +173,53 @@ pub(super) fn choose(
     (winner, stale)
 }
 
+/// A progress record as read: the checkpoint and the leader epoch it was stamped with
+/// (`None`: written by a client that reports none, or before stamps existed).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Stored {
+    pub checkpoint: Checkpoint,
+    pub leader_epoch: Option<i32>,
+}
+
+impl Borrow<Checkpoint> for Stored {
+    fn borrow(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+}
+
 /// What the reader found for one lane at its assignment.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Chosen {
     /// The record resumed from, if any survived the fence.
     pub checkpoint: Option<Checkpoint>,
+    /// The leader epoch that record was stamped with (`epochs.rs`).
+    pub leader_epoch: Option<i32>,
     /// Keys of the lane's other records, to delete once the new owner wrote its own.
     pub stale: Vec<String>,
 }
 
-/// This instance's ownership of a lane: the generation its writes carry, and the keys of
-/// older records still to delete.
+/// This instance's ownership of a lane: the generation its writes carry, the leader
+/// epoch of its position, and the keys of older records still to delete.
 #[derive(Clone, Debug, Default)]
 struct Ownership {
     gen: OwnerGen,
+    leader_epoch: Option<i32>,
     stale: Vec<String>,
 }
 
-/// The ownership generation and stale keys of each lane checkpoint of a batch.
-pub(super) type Stamps = Vec<(OwnerGen, Vec<String>)>;
+/// What a progress record of a lane is written with.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Stamp {
+    /// The ownership generation (part of the key).
+    pub gen: OwnerGen,
+    /// The leader epoch of the lane's position (a header; `epochs.rs`).
+    pub leader_epoch: Option<i32>,
+    /// Keys of the lane's older records, to delete after this write.
+    pub stale: Vec<String>,
+}
+
+/// The stamp of each lane checkpoint of a batch.
+pub(super) type Stamps = Vec<Stamp>;
 
 /// The key and value of the progress record written for `lane` under ownership
 /// generation `gen` (with at most `max_ranges` ranges), and how many ranges and attempt
@@ -231,10 +268,10 @@ pub(super) struct ProgressReader {
 struct ReaderState {
     assigned: Option<i32>,
     /// Per lane key, its records by ownership generation: those of the home partition.
-    view: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
+    view: BTreeMap<String, BTreeMap<OwnerGen, Stored>>,
     /// The same, of the other partitions (records placed by a partitioner): a lane's
     /// are used only while it has none in `view`.
-    strays: BTreeMap<String, BTreeMap<OwnerGen, Checkpoint>>,
+    strays: BTreeMap<String, BTreeMap<OwnerGen, Stored>>,
     /// Under madsim (whose consumer has no `position`): the next offset to read, per
     /// partition.
     #[cfg(madsim)]
@@ -249,9 +286,21 @@ impl ReaderState {
             return;
         };
         let home = m.partition() == HOME_PARTITION;
-        match m.payload().map(Checkpoint::decode) {
+        let (headers, payload) = super::records::incoming(m);
+        let leader_epoch = headers
+            .iter()
+            .find(|(k, _)| *k == LEADER_EPOCH_HEADER)
+            .and_then(|(_, v)| v.and_then(parse_epoch));
+        match payload.map(Checkpoint::decode) {
             None => self.absorb(home, key, None),
-            Some(Ok(cp)) => self.absorb(home, key, Some(cp)),
+            Some(Ok(checkpoint)) => self.absorb(
+                home,
+                key,
+                Some(Stored {
+                    checkpoint,
+                    leader_epoch,
+                }),
+            ),
             Some(Err(e)) => tracing::error!(%key, error = %e, "corrupt progress record ignored"),
         }
     }
@@ -259,7 +308,7 @@ impl ReaderState {
     /// One record of the progress topic, in its partition's order: a lane's record under
     /// an ownership generation, or its deletion (`None`); `home` when it was read from
     /// [`HOME_PARTITION`].
-    fn absorb(&mut self, home: bool, key: &str, value: Option<Checkpoint>) {
+    fn absorb(&mut self, home: bool, key: &str, value: Option<Stored>) {
         let Some((lane, gen)) = parse_progress_key(key) else {
             tracing::warn!(%key, "progress record with a foreign key ignored");
             return;
@@ -307,7 +356,8 @@ impl ReaderState {
             );
         }
         Some(Chosen {
-            checkpoint: winner.map(|(_, cp)| cp.clone()),
+            checkpoint: winner.map(|(_, s)| s.checkpoint.clone()),
+            leader_epoch: winner.and_then(|(_, s)| s.leader_epoch),
             stale: stale
                 .into_iter()
                 .map(|g| progress_key(group, topic, p, g))
@@ -340,9 +390,33 @@ impl ProgressReader {
     }
 
     /// Records that this instance now owns `partition` of `group` in generation `gen`,
-    /// with the keys of older records to delete after its first write.
-    pub fn own(&self, group: &GroupName, partition: Partition, gen: OwnerGen, stale: Vec<String>) {
-        lock(&self.owners).insert((group.clone(), partition), Ownership { gen, stale });
+    /// its position in leader epoch `leader_epoch`, with the keys of older records to
+    /// delete after its first write.
+    pub fn own(
+        &self,
+        group: &GroupName,
+        partition: Partition,
+        gen: OwnerGen,
+        leader_epoch: Option<i32>,
+        stale: Vec<String>,
+    ) {
+        lock(&self.owners).insert(
+            (group.clone(), partition),
+            Ownership {
+                gen,
+                leader_epoch,
+                stale,
+            },
+        );
+    }
+
+    /// The lane's position reached a record of leader epoch `epoch`: later progress
+    /// records of the lane are stamped with it (epochs only rise; `epochs.rs`).
+    #[cfg(not(madsim))]
+    pub fn observe_epoch(&self, group: &GroupName, partition: Partition, epoch: i32) {
+        if let Some(o) = lock(&self.owners).get_mut(&(group.clone(), partition)) {
+            o.leader_epoch = Some(o.leader_epoch.map_or(epoch, |e| e.max(epoch)));
+        }
     }
 
     /// This instance no longer owns these partitions: a checkpoint of them fails.
@@ -363,7 +437,11 @@ impl ProgressReader {
             .map(|c| {
                 owners
                     .get(&(c.group.clone(), c.partition))
-                    .map(|o| (o.gen, o.stale.clone()))
+                    .map(|o| Stamp {
+                        gen: o.gen,
+                        leader_epoch: o.leader_epoch,
+                        stale: o.stale.clone(),
+                    })
                     .ok_or_else(|| {
                         format!(
                             "fenced: partition {} of group {} is not owned by this instance",
@@ -550,10 +628,13 @@ impl KafkaState {
             checkpoints: vec![lane.clone()],
             ..PersistBatch::default()
         };
-        let gen = match self.log.inner.progress.stamps(&one)?.first() {
-            Some(&(gen, _)) => gen,
-            None => None,
-        };
+        let gen = self
+            .log
+            .inner
+            .progress
+            .stamps(&one)?
+            .first()
+            .and_then(|s| s.gen);
         let max = self.log.settings().max_progress_ranges;
         Ok(progress_record(lane, gen, max))
     }
@@ -696,8 +777,8 @@ impl StatePort for KafkaState {
             for (topic, key, id) in &resolved {
                 pending.push(super::dlq::resolve(&log, topic, key, id)?);
             }
-            for (lane, (gen, _)) in batch.checkpoints.iter().zip(&stamps) {
-                let (key, value, dropped) = progress_record(lane, *gen, s.max_progress_ranges);
+            for (lane, stamp) in batch.checkpoints.iter().zip(&stamps) {
+                let (key, value, dropped) = progress_record(lane, stamp.gen, s.max_progress_ranges);
                 if dropped > 0 {
                     inner
                         .counters
@@ -708,6 +789,18 @@ impl StatePort for KafkaState {
                     .partition(HOME_PARTITION)
                     .key(&key)
                     .payload(&value);
+                // The simulated broker has no leader epochs (and no headers).
+                #[cfg(not(madsim))]
+                let record = match stamp.leader_epoch {
+                    Some(e) => {
+                        let text = e.to_string();
+                        record.headers(OwnedHeaders::new().insert(Header {
+                            key: LEADER_EPOCH_HEADER,
+                            value: Some(text.as_bytes()),
+                        }))
+                    }
+                    None => record,
+                };
                 match inner.producer.send_result(record) {
                     Ok(f) => pending.push(f),
                     Err((e, _)) => return Err(format!("cannot write the progress topic: {e}")),
@@ -777,7 +870,7 @@ impl StatePort for KafkaState {
 /// behind is outranked anyway and deleted by the lane's next owner.
 async fn delete_stale(log: &KafkaLog, batch: &PersistBatch, stamps: &Stamps) {
     let inner = &log.inner;
-    for (lane, (_, stale)) in batch.checkpoints.iter().zip(stamps) {
+    for (lane, Stamp { stale, .. }) in batch.checkpoints.iter().zip(stamps) {
         if stale.is_empty() {
             continue;
         }
@@ -803,6 +896,21 @@ async fn delete_stale(log: &KafkaLog, batch: &PersistBatch, stamps: &Stamps) {
                 .progress
                 .stale_deleted(&lane.group, lane.partition, stale);
         }
+    }
+}
+
+#[cfg(test)]
+impl ReaderState {
+    /// `absorb` of an unstamped record.
+    fn put(&mut self, home: bool, key: &str, value: Option<Checkpoint>) {
+        self.absorb(
+            home,
+            key,
+            value.map(|checkpoint| Stored {
+                checkpoint,
+                leader_epoch: None,
+            }),
+        );
     }
 }
 
@@ -971,26 +1079,26 @@ mod tests {
                 .and_then(|c| c.checkpoint)
                 .map(|cp| cp.progress.watermark())
         };
-        st.absorb(true, &key(Some(3)), Some(checkpoint(10, &[], &[])));
-        st.absorb(true, &key(Some(5)), Some(checkpoint(12, &[(14, 15)], &[])));
-        st.absorb(true, &key(Some(3)), Some(checkpoint(40, &[], &[])));
+        st.put(true, &key(Some(3)), Some(checkpoint(10, &[], &[])));
+        st.put(true, &key(Some(5)), Some(checkpoint(12, &[(14, 15)], &[])));
+        st.put(true, &key(Some(3)), Some(checkpoint(40, &[], &[])));
         assert_eq!(resumed(&st), Some(12));
-        st.absorb(true, &key(Some(3)), None);
+        st.put(true, &key(Some(3)), None);
         assert_eq!(resumed(&st), Some(12));
-        st.absorb(true, &key(Some(3)), Some(checkpoint(41, &[], &[])));
+        st.put(true, &key(Some(3)), Some(checkpoint(41, &[], &[])));
         assert_eq!(resumed(&st), Some(12));
         let chosen = st
             .chosen("g", "t", 0, Some(8), None)
             .expect("the lane has records");
         assert_eq!(chosen.stale, vec![key(Some(3)), key(Some(5))]);
         // The new owner's own write then deletes the rest; what is left is its own.
-        st.absorb(true, &key(Some(8)), Some(checkpoint(13, &[], &[])));
-        st.absorb(true, &key(Some(3)), None);
-        st.absorb(true, &key(Some(5)), None);
+        st.put(true, &key(Some(8)), Some(checkpoint(13, &[], &[])));
+        st.put(true, &key(Some(3)), None);
+        st.put(true, &key(Some(5)), None);
         assert_eq!(resumed(&st), Some(13));
         assert_eq!(st.view.get("g\nt\n0").map(BTreeMap::len), Some(1));
         // A foreign key changes nothing.
-        st.absorb(true, "g\nt", Some(checkpoint(99, &[], &[])));
+        st.put(true, "g\nt", Some(checkpoint(99, &[], &[])));
         assert_eq!(resumed(&st), Some(13));
         assert_eq!(st.chosen("g", "t", 1, Some(8), None), None);
     }
@@ -1045,22 +1153,22 @@ mod tests {
         for stray_read_last in [false, true] {
             let mut st = ReaderState::default();
             if !stray_read_last {
-                st.absorb(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+                st.put(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
             }
-            st.absorb(true, &key(Some(2)), Some(checkpoint(3, &[], &[])));
-            st.absorb(true, &key(Some(2)), Some(checkpoint(20, &[], &[])));
+            st.put(true, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+            st.put(true, &key(Some(2)), Some(checkpoint(20, &[], &[])));
             if stray_read_last {
-                st.absorb(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
+                st.put(false, &key(Some(2)), Some(checkpoint(3, &[], &[])));
                 // Even a stray of a higher generation: the lane has records home.
-                st.absorb(false, &key(Some(7)), Some(checkpoint(1, &[], &[])));
+                st.put(false, &key(Some(7)), Some(checkpoint(1, &[], &[])));
             }
             assert_eq!(resumed(&st), Some(20), "stray read last: {stray_read_last}");
         }
         let mut st = ReaderState::default();
-        st.absorb(false, &key(Some(4)), Some(checkpoint(7, &[], &[])));
-        st.absorb(false, &key(Some(1)), Some(checkpoint(9, &[], &[])));
+        st.put(false, &key(Some(4)), Some(checkpoint(7, &[], &[])));
+        st.put(false, &key(Some(1)), Some(checkpoint(9, &[], &[])));
         assert_eq!(resumed(&st), Some(7));
-        st.absorb(true, &key(Some(8)), Some(checkpoint(8, &[], &[])));
+        st.put(true, &key(Some(8)), Some(checkpoint(8, &[], &[])));
         assert_eq!(resumed(&st), Some(8));
         let chosen = st
             .chosen("g", "t", 0, Some(8), None)
@@ -1093,6 +1201,49 @@ mod tests {
         let (winner, stale) = choose(&recs, None, None);
         assert_eq!(winner.map(|(g, _)| g), Some(Some(9)));
         assert_eq!(stale, vec![Some(1), Some(9)]);
-        assert_eq!(choose(&BTreeMap::new(), Some(1), None), (None, vec![]));
+        assert_eq!(
+            choose(&BTreeMap::<OwnerGen, Checkpoint>::new(), Some(1), None),
+            (None, vec![])
+        );
+    }
+
+    /// Goal: a progress record's leader-epoch header is what the lane resumes with, and
+    /// only a well-formed one. Method: records with the header, without it, and with a
+    /// malformed one, read through `take` as the reader reads the topic.
+    #[cfg(not(madsim))]
+    #[test]
+    fn a_progress_records_leader_epoch_is_read_with_it() {
+        use madsim_rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+        use madsim_rdkafka::Timestamp;
+        let msg = |gen, epoch: Option<&str>, watermark| {
+            let headers = epoch.map(|e| {
+                OwnedHeaders::new().insert(Header {
+                    key: LEADER_EPOCH_HEADER,
+                    value: Some(e.as_bytes()),
+                })
+            });
+            OwnedMessage::new(
+                Some(checkpoint(watermark, &[], &[]).encode()),
+                Some(progress_key("g", "t", 0, gen).into_bytes()),
+                "unimesh.progress".to_owned(),
+                Timestamp::NotAvailable,
+                HOME_PARTITION,
+                0,
+                headers,
+            )
+        };
+        let read = |st: &ReaderState| {
+            let c = st.chosen("g", "t", 0, Some(2), None).expect("a record");
+            (c.checkpoint.map(|c| c.progress.watermark()), c.leader_epoch)
+        };
+        let mut st = ReaderState::default();
+        st.take(&msg(Some(1), Some("4"), 10));
+        assert_eq!(read(&st), (Some(10), Some(4)));
+        st.take(&msg(Some(2), None, 12));
+        assert_eq!(read(&st), (Some(12), None));
+        st.take(&msg(Some(2), Some("-3"), 13));
+        assert_eq!(read(&st), (Some(13), None));
+        st.take(&msg(Some(2), Some("7"), 14));
+        assert_eq!(read(&st), (Some(14), Some(7)));
     }
 }

@@ -1,0 +1,374 @@
+//! Leader epochs: how a lane tells that the log it reads diverged from the log its
+//! checkpoint knew (docs/DESIGN.md §8, "the shell validates a lane against leader epochs";
+//! Kafka's KIP-320, done here because a checkpoint knows offsets above the position
+//! librdkafka would validate: its ACK ranges and attempt counts).
+//!
+//! Every record batch carries the leader epoch of the leader that appended it, and epochs
+//! never fall along a partition's offsets. A lane's *epoch* is the highest leader epoch of
+//! the records it read (or the stamp of the checkpoint it resumed from); every progress
+//! record is stamped with it ([`LEADER_EPOCH_HEADER`]). When a replica loses its tail (an
+//! unclean election; a follower truncated to its new leader's log), the offsets from the
+//! divergence point on name records a later leader appended, whose epoch is above every
+//! epoch the lost records had. So the contract, for a checkpoint stamped `E` that knows
+//! offsets below `known_end`:
+//!
+//! **the log diverged from it at `D`, the first offset below `known_end` whose record has
+//! a leader epoch above `E`** — or, when there is none but the log now ends below
+//! `known_end`, at the log's end (the tail holding what it knew is gone).
+//!
+//! The lane's first fetch is then answered `OutOfRange{end: D}`, so the core forgets what
+//! it knew from `D` and reports the loss (`consumer.rs`). [`divergence`] finds `D` by
+//! reading first records: one read in the common case (the record at `known_end - 1`, or
+//! the first one after it, has an epoch not above `E`, and by monotony nothing below it
+//! has), a binary search over first-record reads otherwise. A record whose epoch the
+//! broker does not report (`None`: an old message format, a broker that does not stamp
+//! batches) is no evidence of divergence, and a checkpoint without a stamp is checked
+//! only against the log's end.
+
+use unimesh_core::Offset;
+
+/// The header of a progress record that carries its lane's leader epoch (ASCII decimal).
+pub(super) const LEADER_EPOCH_HEADER: &str = "unimesh-leader-epoch";
+
+/// A leader epoch read from a header value; `None` for anything but a non-negative
+/// decimal `i32`.
+pub(super) fn parse_epoch(value: &[u8]) -> Option<i32> {
+    std::str::from_utf8(value)
+        .ok()?
+        .parse::<i32>()
+        .ok()
+        .filter(|&e| e >= 0)
+}
+
+/// The first record at or after an offset, as a probe reads it: its offset and leader
+/// epoch (`None` when the broker reports none); `None` when no record follows.
+pub(super) type FirstRecord = Option<(Offset, Option<i32>)>;
+
+/// Where the log diverged from a checkpoint stamped `stamp` that knows offsets below
+/// `known_end`, given the log's `[earliest, end)` and `first_at(o)`, which reads the first
+/// record at or after `o` (see the module documentation for the contract). `None` when it
+/// did not diverge. At most about `2 * log2(known_end - earliest) + 2` reads.
+pub(super) fn divergence<E>(
+    stamp: Option<i32>,
+    earliest: Offset,
+    end: Offset,
+    known_end: Offset,
+    mut first_at: impl FnMut(Offset) -> Result<FirstRecord, E>,
+) -> Result<Option<Offset>, E> {
+    let past_end = (known_end > end).then_some(end);
+    let Some(stamp) = stamp else {
+        return Ok(past_end);
+    };
+    let top = known_end.min(end);
+    if top <= earliest {
+        return Ok(past_end);
+    }
+    let newer = |r: FirstRecord| r.is_some_and(|(_, e)| e.is_some_and(|e| e > stamp));
+    let mut last = top - 1;
+    let mut first = first_at(last)?;
+    if first.is_none() {
+        // No record at or after `top - 1` (transaction markers, say): the last record
+        // below `top` is the one before the first offset from which none follows.
+        let (mut lo, mut hi) = (earliest, last);
+        // Invariant: no record at or after `hi`; one at or after every offset below `lo`.
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if first_at(mid)?.is_none() {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        if lo == earliest {
+            return Ok(past_end);
+        }
+        last = lo - 1;
+        first = first_at(last)?;
+    }
+    if !newer(first) {
+        return Ok(past_end);
+    }
+    // Invariant: the first record at or after `hi` is newer than the stamp; none at or
+    // after an offset below `lo` is. Epochs never fall, so the answer is monotone.
+    let (mut lo, mut hi) = (earliest, last);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if newer(first_at(mid)?) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(Some(lo))
+}
+
+/// The offset a checkpoint knows up to (exclusive): its done offsets and its attempt
+/// counts.
+pub(super) fn known_end(c: &unimesh_core::Checkpoint) -> Offset {
+    let attempts = c.attempts.iter().map(|&(o, _)| o + 1).max().unwrap_or(0);
+    c.progress.done_end().max(attempts)
+}
+
+#[cfg(not(madsim))]
+pub(super) use probe::{leader_epoch, EpochProbe};
+
+#[cfg(not(madsim))]
+mod probe {
+    use std::time::{Duration, Instant};
+
+    use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+    use madsim_rdkafka::error::KafkaError;
+    use madsim_rdkafka::message::BorrowedMessage;
+    use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
+    use unimesh_core::{Offset, Partition};
+
+    use super::FirstRecord;
+    use crate::kafka::KafkaSettings;
+
+    /// The leader epoch of a record's batch, `None` when the broker reports none.
+    pub fn leader_epoch(m: &BorrowedMessage<'_>) -> Option<i32> {
+        // SAFETY: `m.ptr()` is the live message `m` borrows; the call only reads it.
+        let e = unsafe { madsim_rdkafka::bindings::rd_kafka_message_leader_epoch(m.ptr()) };
+        (e >= 0).then_some(e)
+    }
+
+    /// A consumer outside any group that reads single records, to learn their epochs.
+    pub struct EpochProbe {
+        consumer: BaseConsumer,
+        timeout: Duration,
+    }
+
+    impl EpochProbe {
+        pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
+            let mut c = settings.client_config();
+            c.set("group.id", format!("{}epoch-probe", settings.group_prefix))
+                .set("enable.auto.commit", "false")
+                .set("enable.partition.eof", "true")
+                .set("isolation.level", "read_committed")
+                .set("auto.offset.reset", "error")
+                // One record is all a probe wants.
+                .set("queued.min.messages", "1")
+                .set("fetch.wait.max.ms", "10");
+            let consumer: BaseConsumer = c
+                .create()
+                .await
+                .map_err(|e| format!("cannot create the leader-epoch probe: {e}"))?;
+            Ok(Self {
+                consumer,
+                timeout: settings.request_timeout,
+            })
+        }
+
+        /// The first record at or after `from` in `topic`/`partition`, read before `end`
+        /// (the log's end: nothing is read from there).
+        pub fn first_at(
+            &self,
+            topic: &str,
+            partition: Partition,
+            from: Offset,
+            end: Offset,
+        ) -> Result<FirstRecord, String> {
+            if from >= end {
+                return Ok(None);
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition as i32, KOffset::Offset(from as i64))
+                .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
+            self.consumer
+                .assign(&tpl)
+                .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
+            let deadline = Instant::now() + self.timeout;
+            let answer = loop {
+                if Instant::now() > deadline {
+                    break Err(format!(
+                        "leader-epoch probe of {topic}/{partition} at {from}: no answer within {:?}",
+                        self.timeout
+                    ));
+                }
+                match self.consumer.poll(Duration::from_millis(20)) {
+                    None => {}
+                    Some(Err(KafkaError::PartitionEOF(p))) if p == partition as i32 => {
+                        break Ok(None)
+                    }
+                    Some(Err(e)) => {
+                        break Err(format!(
+                            "leader-epoch probe of {topic}/{partition} at {from}: {e}"
+                        ))
+                    }
+                    // Anything else is left over from an earlier probe.
+                    Some(Ok(m))
+                        if m.topic() == topic
+                            && m.partition() == partition as i32
+                            && m.offset() >= from as i64 =>
+                    {
+                        break Ok(Some((m.offset() as Offset, leader_epoch(&m))));
+                    }
+                    Some(Ok(_)) => {}
+                }
+            };
+            let _ = self.consumer.unassign();
+            answer
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A partition as a probe sees it: records by offset with their epochs (offsets
+    /// missing are gaps), and how many reads were made.
+    struct Log {
+        records: BTreeMap<Offset, Option<i32>>,
+        reads: usize,
+    }
+
+    impl Log {
+        fn new(of: &[(Offset, Option<i32>)]) -> Self {
+            Self {
+                records: of.iter().copied().collect(),
+                reads: 0,
+            }
+        }
+
+        fn first_at(&mut self, o: Offset) -> Result<FirstRecord, ()> {
+            self.reads += 1;
+            Ok(self.records.range(o..).next().map(|(&o, &e)| (o, e)))
+        }
+
+        fn check(
+            &mut self,
+            stamp: Option<i32>,
+            earliest: Offset,
+            known_end: Offset,
+        ) -> Option<Offset> {
+            let end = self.records.keys().last().map_or(earliest, |&o| o + 1);
+            self.check_with_end(stamp, earliest, end, known_end)
+        }
+
+        fn check_with_end(
+            &mut self,
+            stamp: Option<i32>,
+            earliest: Offset,
+            end: Offset,
+            known_end: Offset,
+        ) -> Option<Offset> {
+            divergence(stamp, earliest, end, known_end, |o| self.first_at(o)).expect("no error")
+        }
+    }
+
+    fn epochs(from: Offset, to: Offset, e: i32) -> Vec<(Offset, Option<i32>)> {
+        (from..to).map(|o| (o, Some(e))).collect()
+    }
+
+    /// Goal: a checkpoint read against a log that has only what it knew (in its epoch or
+    /// before) does not diverge, and costs one read. Method: logs whose records up to the
+    /// checkpoint's end are of epochs at or below the stamp, later ones above it.
+    #[test]
+    fn a_log_that_kept_what_the_checkpoint_knew_does_not_diverge() {
+        let mut of = epochs(0, 5, 0);
+        of.extend(epochs(5, 10, 1));
+        of.extend(epochs(10, 20, 3));
+        let mut log = Log::new(&of);
+        assert_eq!(log.check(Some(1), 0, 10), None);
+        assert_eq!(log.reads, 1);
+        // A higher stamp, from the same history, is as good.
+        assert_eq!(log.check(Some(3), 0, 20), None);
+        // Records the checkpoint did not know may be newer.
+        assert_eq!(log.check(Some(0), 0, 5), None);
+    }
+
+    /// Goal: the divergence point is the first offset of a newer leader below what the
+    /// checkpoint knew, wherever it lies (above the watermark, below it, at its first
+    /// offset). Method: a log refilled by epoch 2 from offset `d` on, read with checkpoints
+    /// stamped 1 knowing up to 12, for every `d`.
+    #[test]
+    fn the_divergence_is_the_first_offset_of_a_newer_leader() {
+        for d in 0..12 {
+            let mut of = epochs(0, d, 1);
+            of.extend(epochs(d, 15, 2));
+            let mut log = Log::new(&of);
+            assert_eq!(log.check(Some(1), 0, 12), Some(d), "refilled from {d}");
+            assert!(log.reads <= 6, "{} reads for 12 offsets", log.reads);
+        }
+    }
+
+    /// Goal: gaps (compaction, transaction markers) neither hide a divergence nor make
+    /// one up. Method: gaps right below the divergence point, and a run of absent offsets
+    /// at the log's tail below what the checkpoint knew.
+    #[test]
+    fn gaps_neither_hide_nor_make_up_a_divergence() {
+        // 0..4 of epoch 0, 4..7 absent, 7.. of epoch 1: new records start at 7, and 4..7
+        // (absent either way) count from the point after the last old record.
+        let mut of = epochs(0, 4, 0);
+        of.extend(epochs(7, 12, 1));
+        let mut log = Log::new(&of);
+        assert_eq!(log.check(Some(0), 0, 12), Some(4));
+        // A tail of absent offsets (markers) below the checkpoint's end, log end 12.
+        let mut of = epochs(0, 3, 0);
+        of.extend(epochs(3, 6, 1));
+        let mut log = Log::new(&of);
+        assert_eq!(log.check_with_end(Some(0), 0, 12, 12), Some(3));
+        let mut log = Log::new(&epochs(0, 6, 0));
+        assert_eq!(log.check_with_end(Some(0), 0, 12, 12), None);
+        // Nothing at all between earliest and the end.
+        let mut log = Log::new(&[]);
+        assert_eq!(log.check_with_end(Some(0), 0, 12, 12), None);
+    }
+
+    /// Goal: a log shorter than what the checkpoint knew diverged at its end at the latest,
+    /// earlier when a newer leader refilled part of it; without a stamp only the end
+    /// tells. Method: a log cut back to 8 and refilled from 5 by epoch 1, checkpoint knowing
+    /// up to 10.
+    #[test]
+    fn a_shorter_log_diverges_at_its_end_or_below() {
+        let mut of = epochs(0, 5, 0);
+        of.extend(epochs(5, 8, 1));
+        let mut log = Log::new(&of);
+        assert_eq!(log.check(Some(0), 0, 10), Some(5));
+        assert_eq!(log.check(None, 0, 10), Some(8));
+        let mut log = Log::new(&epochs(0, 8, 0));
+        assert_eq!(log.check(Some(0), 0, 10), Some(8));
+        assert_eq!(log.check(None, 0, 8), None);
+    }
+
+    /// Goal: epochs the broker does not report are no evidence, and retention bounds the
+    /// search. Method: unstamped records, and a divergence below the log's earliest.
+    #[test]
+    fn unknown_epochs_and_retention() {
+        let of: Vec<_> = (0..10).map(|o| (o, None)).collect();
+        let mut log = Log::new(&of);
+        assert_eq!(log.check(Some(0), 0, 10), None);
+        // Earliest 4, every record of epoch 2: the search stops at earliest.
+        let mut log = Log::new(&epochs(4, 10, 2));
+        assert_eq!(log.check(Some(1), 4, 10), Some(4));
+    }
+
+    /// Goal: a read error is the caller's, never a verdict.
+    #[test]
+    fn a_failed_read_is_an_error() {
+        let r: Result<Option<Offset>, &str> = divergence(Some(0), 0, 10, 10, |_| Err("down"));
+        assert_eq!(r, Err("down"));
+    }
+
+    #[test]
+    fn epoch_headers_parse_strictly() {
+        assert_eq!(parse_epoch(b"7"), Some(7));
+        assert_eq!(parse_epoch(b"-1"), None);
+        assert_eq!(parse_epoch(b"x"), None);
+        assert_eq!(parse_epoch(b""), None);
+    }
+
+    #[test]
+    fn a_checkpoint_knows_its_ranges_and_attempts() {
+        use unimesh_core::{Checkpoint, Progress};
+        let cp = Checkpoint {
+            progress: Progress::from_parts(3, [(5, 7)]).expect("valid"),
+            attempts: vec![(9, 2)],
+        };
+        assert_eq!(known_end(&cp), 10);
+        assert_eq!(known_end(&Checkpoint::new(4)), 4);
+    }
+}
