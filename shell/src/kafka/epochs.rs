@@ -25,6 +25,9 @@
 //! batches) is no evidence of divergence, and a checkpoint without a stamp is checked
 //! only against the log's end.
 
+// Under madsim only the header is used (its broker has no leader epochs; `assigned.rs`).
+#![cfg_attr(madsim, allow(dead_code))]
+
 use unimesh_core::Offset;
 
 /// The header of a progress record that carries its lane's leader epoch (ASCII decimal).

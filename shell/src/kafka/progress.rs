@@ -212,7 +212,9 @@ struct Ownership {
 pub(super) struct Stamp {
     /// The ownership generation (part of the key).
     pub gen: OwnerGen,
-    /// The leader epoch of the lane's position (a header; `epochs.rs`).
+    /// The leader epoch of the lane's position (a header; `epochs.rs`). Always `None`
+    /// under madsim, whose broker has neither.
+    #[cfg_attr(madsim, allow(dead_code))]
     pub leader_epoch: Option<i32>,
     /// Keys of the lane's older records, to delete after this write.
     pub stale: Vec<String>,
