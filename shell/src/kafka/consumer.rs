@@ -777,12 +777,16 @@ fn validate(
         *probe = Some(runtime.block_on(EpochProbe::new(ctx.log.settings()))?);
     }
     let topic = ctx.topic.as_str();
+    let started = Instant::now();
+    let mut reads = 0u32;
     let d = divergence(v.stamp, earliest, end, v.known_end, |o| {
+        reads += 1;
         match probe.as_ref() {
             Some(p) => p.first_at(topic, partition, o, end),
             None => Err("no leader-epoch probe".to_owned()),
         }
     })?;
+    tracing::debug!(group = %ctx.group, partition, stamp = ?v.stamp, known_end = v.known_end, earliest, end, diverged_at = ?d, reads, elapsed_ms = started.elapsed().as_millis() as u64, "lane checked against the log");
     Ok(d.map(|d| (earliest, d)))
 }
 

@@ -5,9 +5,11 @@
 //!
 //! The rooms: this file holds the task, its run loop and the carrying-out of effects;
 //! `polls` the long-poll waiters, `commands` one function per command of the handle,
-//! `views` what the task shows of the mesh.
+//! `views` what the task shows of the mesh, `invariants` the debug builds' sampled check of
+//! the core's invariants.
 
 mod commands;
+mod invariants;
 mod polls;
 mod sessions;
 mod views;
@@ -34,6 +36,7 @@ use super::ports::{GroupEvent, LogPort, LogRead};
 use super::records::decode_record;
 use super::stream::Notice;
 use super::tap::EngineTap;
+use invariants::InvariantSampler;
 use polls::{PollKey, Polls};
 use sessions::Streams;
 
@@ -67,6 +70,8 @@ pub(crate) struct EngineTask {
     replaying: BTreeMap<GroupName, BTreeSet<(Partition, Offset)>>,
     shutdown: Option<Reply<()>>,
     last_closed_scan: Instant,
+    /// Debug builds: when the core's invariants are checked next.
+    invariants: InvariantSampler,
     /// Told every input and effect, when set (the madsim harness).
     pub tap: Option<Arc<dyn EngineTap>>,
 }
@@ -110,6 +115,7 @@ impl EngineTask {
             replaying: BTreeMap::new(),
             shutdown: None,
             last_closed_scan: Instant::now(),
+            invariants: InvariantSampler::default(),
             tap: None,
         }
     }
@@ -173,6 +179,7 @@ impl EngineTask {
                 response
             }
         };
+        self.invariants.after_input(&self.mesh);
         self.drain();
         response
     }
