@@ -637,7 +637,15 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
     let diverged = match due.map(|v| validate(ctx, req.partition, v)) {
         None => None,
         Some(Err(e)) => {
-            // Never read on from what was not checked: the core fetches again later.
+            // Never read on from what was not checked: the core fetches again later, and
+            // the check then reads the log's offsets afresh (retention may have moved its
+            // start past the offsets read at assignment).
+            if let Some(v) = lock(&ctx.parts)
+                .get_mut(&req.partition)
+                .and_then(|p| p.validate.as_mut())
+            {
+                v.range = None;
+            }
             let _ = req.reply.send(LogRead::Failed(e));
             return;
         }

@@ -135,6 +135,9 @@ mod probe {
         (e >= 0).then_some(e)
     }
 
+    /// At most this many leftovers of an earlier probe are drained before a probe.
+    const MAX_STALE_POLLS: usize = 10_000;
+
     /// A consumer outside any group that reads single records, to learn their epochs.
     pub struct EpochProbe {
         consumer: BaseConsumer,
@@ -173,6 +176,13 @@ mod probe {
         ) -> Result<FirstRecord, String> {
             if from >= end {
                 return Ok(None);
+            }
+            // Whatever an earlier probe left queued is not an answer to this one
+            // (librdkafka drops what an unassign outdated; this makes sure, bounded).
+            for _ in 0..MAX_STALE_POLLS {
+                if self.consumer.poll(Duration::ZERO).is_none() {
+                    break;
+                }
             }
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, partition as i32, KOffset::Offset(from as i64))
