@@ -145,6 +145,27 @@ fn outside_kafka_clients_and_unimesh_read_each_others_records() {
     assert_eq!(again[0].event["data"], json!({"paid": true}));
 }
 
+/// Publishes `n` events with one partition key to `topic`, numbered from `first`; their
+/// (partition, offset) in order.
+fn publish_keyed(server: &Server, topic: &str, first: usize, n: usize) -> Vec<(u32, u64)> {
+    (first..first + n)
+        .map(|i| {
+            let mut e = unimesh_tests::event(&format!("e{i}"), topic, json!({"i": i}));
+            e["partitionkey"] = json!("one-key");
+            let p = &published(&server.publish_structured(topic, &e), 1)[0];
+            (p.partition, p.offset)
+        })
+        .collect()
+}
+
+/// Polls and ACKs `n` deliveries of `group`; their offsets.
+fn take_and_ack(server: &Server, group: &str, n: usize) -> Vec<u64> {
+    let got = server.poll_n(group, "c", n, TIMEOUT);
+    let ids: Vec<&str> = got.iter().map(|d| d.id.as_str()).collect();
+    server.ack(group, &ids).all_ok(n);
+    got.iter().map(|d| d.offset).collect()
+}
+
 /// Goal: a group whose resume offset the broker does not have repositions and reports it,
 /// never sticks and never skips silently (docs/DESIGN.md §7). Method: a group ACKs 3 of 10
 /// records and stops gracefully; a progress record then says the group reached offset 20,
@@ -169,25 +190,10 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
         &json!({"topic": "trimmed", "startFrom": "earliest", "ackTimeoutMs": 60000}),
     );
     // One key: every record on one partition (a broker may create the topic with more).
-    let publish = |server: &Server, i: usize| {
-        let mut e = unimesh_tests::event(&format!("t{i}"), "trim", json!({"i": i}));
-        e["partitionkey"] = json!("one-key");
-        let p = &published(&server.publish_structured("trimmed", &e), 1)[0];
-        (p.partition, p.offset)
-    };
-    let placed: Vec<(u32, u64)> = (0..10).map(|i| publish(&server, i)).collect();
+    let placed = publish_keyed(&server, "trimmed", 0, 10);
     let partition = placed[0].0;
     assert!(placed.iter().all(|&(p, _)| p == partition), "{placed:?}");
-    let mut got = Vec::new();
-    while got.len() < 3 {
-        got.extend(server.poll("slow", "c", 3 - got.len() as u32, 1000));
-    }
-    let ids: Vec<&str> = got.iter().map(|d| d.id.as_str()).collect();
-    assert_eq!(
-        got.iter().map(|d| d.offset).collect::<Vec<_>>(),
-        vec![0, 1, 2]
-    );
-    server.ack("slow", &ids).all_ok(3);
+    assert_eq!(take_and_ack(&server, "slow", 3), vec![0, 1, 2]);
     let status = server.terminate();
     assert!(status.success(), "{}", server.stderr());
 
@@ -200,7 +206,7 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
         let n = unimesh_tests::metric(&metrics, "unimesh_kafka_out_of_range_total", "");
         n.is_some_and(|n| n >= 1.0).then_some(())
     });
-    let placed: Vec<(u32, u64)> = (10..12).map(|i| publish(&server, i)).collect();
+    let placed = publish_keyed(&server, "trimmed", 10, 2);
     assert_eq!(placed, vec![(partition, 10), (partition, 11)]);
     let after = server.poll_n("slow", "c", 2, TIMEOUT);
     let offsets: Vec<u64> = after.iter().map(|d| d.offset).collect();
@@ -231,25 +237,10 @@ fn a_replaced_owners_late_progress_write_is_fenced_out() {
         "fenced",
         &json!({"topic": "zombie", "startFrom": "earliest", "ackTimeoutMs": 60000}),
     );
-    let publish = |server: &Server, i: usize| {
-        let mut e = unimesh_tests::event(&format!("z{i}"), "zombie", json!({"i": i}));
-        e["partitionkey"] = json!("one-key");
-        let p = &published(&server.publish_structured("zombie", &e), 1)[0];
-        (p.partition, p.offset)
-    };
-    let placed: Vec<(u32, u64)> = (0..10).map(|i| publish(&server, i)).collect();
+    let placed = publish_keyed(&server, "zombie", 0, 10);
     let partition = placed[0].0;
     assert!(placed.iter().all(|&(p, _)| p == partition), "{placed:?}");
-    let mut got = Vec::new();
-    while got.len() < 3 {
-        got.extend(server.poll("fenced", "c", 3 - got.len() as u32, 1000));
-    }
-    assert_eq!(
-        got.iter().map(|d| d.offset).collect::<Vec<_>>(),
-        vec![0, 1, 2]
-    );
-    let ids: Vec<&str> = got.iter().map(|d| d.id.as_str()).collect();
-    server.ack("fenced", &ids).all_ok(3);
+    assert_eq!(take_and_ack(&server, "fenced", 3), vec![0, 1, 2]);
     let status = server.terminate();
     assert!(status.success(), "{}", server.stderr());
 
@@ -266,7 +257,7 @@ fn a_replaced_owners_late_progress_write_is_fenced_out() {
     assert_eq!(written.len(), 1, "{written:?}");
 
     server.restart();
-    let placed: Vec<(u32, u64)> = (10..12).map(|i| publish(&server, i)).collect();
+    let placed = publish_keyed(&server, "zombie", 10, 2);
     assert_eq!(placed, vec![(partition, 10), (partition, 11)]);
     let after = server.poll_n("fenced", "c", 9, TIMEOUT);
     let offsets: Vec<u64> = after.iter().map(|d| d.offset).collect();
@@ -274,27 +265,6 @@ fn a_replaced_owners_late_progress_write_is_fenced_out() {
     let metrics = server.admin_get("/metrics").text();
     let oor = unimesh_tests::metric(&metrics, "unimesh_kafka_out_of_range_total", "");
     assert_eq!(oor, Some(0.0), "no fetch was out of range:\n{metrics}");
-}
-
-/// Publishes `n` events with one partition key to `topic`, numbered from `first`; their
-/// (partition, offset) in order.
-fn publish_keyed(server: &Server, topic: &str, first: usize, n: usize) -> Vec<(u32, u64)> {
-    (first..first + n)
-        .map(|i| {
-            let mut e = unimesh_tests::event(&format!("e{i}"), topic, json!({"i": i}));
-            e["partitionkey"] = json!("one-key");
-            let p = &published(&server.publish_structured(topic, &e), 1)[0];
-            (p.partition, p.offset)
-        })
-        .collect()
-}
-
-/// Polls and ACKs `n` deliveries of `group`; their offsets.
-fn take_and_ack(server: &Server, group: &str, n: usize) -> Vec<u64> {
-    let got = server.poll_n(group, "c", n, TIMEOUT);
-    let ids: Vec<&str> = got.iter().map(|d| d.id.as_str()).collect();
-    server.ack(group, &ids).all_ok(n);
-    got.iter().map(|d| d.offset).collect()
 }
 
 /// Goal: records a newer leader wrote at offsets a checkpoint already knew (its tail was
