@@ -201,7 +201,8 @@ fn run_now<F: Future>(f: F) -> Option<F::Output> {
 struct Part {
     /// Every record at or above `base` is in `buffer` or still to come from the stream.
     base: Offset,
-    buffer: VecDeque<Record>,
+    /// Records with the leader epoch of their batch.
+    buffer: VecDeque<(Record, Option<i32>)>,
     buffered_bytes: usize,
     fetch: Option<FetchRequest>,
     paused: bool,
@@ -217,11 +218,17 @@ struct Part {
     /// stopped the partition (it may have detected a truncation).
     validate: Option<Validate>,
     /// The leader epoch of the lane's position: the checkpoint's stamp, raised by every
-    /// record read; progress records are stamped with it (`epochs.rs`).
+    /// record handed to the core (never by one only buffered: a record read from a log
+    /// not yet checked must not vouch for it); progress records are stamped with it
+    /// (`epochs.rs`).
     epoch: Option<i32>,
-    /// The lane knows offsets below this (its checkpoint's, and every record read).
+    /// The lane knows offsets below this (its checkpoint's, and every record handed to
+    /// the core).
     known_end: Offset,
 }
+
+/// A log's (earliest, end), or (earliest, divergence point).
+type Span = (Offset, Offset);
 
 /// What a lane knows, to check against the log before it reads on (`epochs.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -252,40 +259,43 @@ impl Part {
 
     /// Drops what lies below `from` (already answered, or skipped by the core).
     fn discard_below(&mut self, from: Offset) {
-        while self.buffer.front().is_some_and(|r| r.offset < from) {
-            if let Some(r) = self.buffer.pop_front() {
+        while self.buffer.front().is_some_and(|(r, _)| r.offset < from) {
+            if let Some((r, _)) = self.buffer.pop_front() {
                 self.buffered_bytes -= r.body.len();
             }
         }
         self.base = self.base.max(from);
     }
 
-    /// Answers the waiting fetch with what the buffer holds, if it holds anything.
-    fn answer_if_ready(&mut self) {
+    /// Answers the waiting fetch with what the buffer holds, if it holds anything; the
+    /// lane's leader epoch when the records handed over raised it.
+    fn answer_if_ready(&mut self) -> Option<i32> {
         if self.buffer.is_empty() {
-            return;
+            return None;
         }
-        let Some(req) = self.fetch.take() else {
-            return;
-        };
+        let req = self.fetch.take()?;
+        let before = self.epoch;
         let mut out = Vec::new();
         let mut bytes = 0usize;
         while out.len() < req.max {
-            let Some(front) = self.buffer.front() else {
+            let Some((front, _)) = self.buffer.front() else {
                 break;
             };
             if !out.is_empty() && bytes + front.body.len() > req.max_bytes {
                 break;
             }
-            let Some(r) = self.buffer.pop_front() else {
+            let Some((r, epoch)) = self.buffer.pop_front() else {
                 break;
             };
             bytes += r.body.len();
             self.buffered_bytes -= r.body.len();
             self.base = r.offset + 1;
+            self.known_end = self.known_end.max(r.offset + 1);
+            self.epoch = self.epoch.max(epoch);
             out.push(r);
         }
         let _ = req.reply.send(LogRead::Decoded(out));
+        self.epoch.filter(|_| self.epoch != before)
     }
 }
 
@@ -634,8 +644,8 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
     let due = lock(&ctx.parts)
         .get(&req.partition)
         .and_then(|p| p.validate);
-    let diverged = match due.map(|v| validate(ctx, req.partition, v)) {
-        None => None,
+    let (diverged, fresh) = match due.map(|v| validate(ctx, req.partition, v)) {
+        None => (None, None),
         Some(Err(e)) => {
             // Never read on from what was not checked: the core fetches again later, and
             // the check then reads the log's offsets afresh (retention may have moved its
@@ -649,19 +659,21 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
             let _ = req.reply.send(LogRead::Failed(e));
             return;
         }
-        Some(Ok(d)) => d,
+        Some(Ok(checked)) => checked,
     };
     let check = lock(&ctx.parts)
         .get(&req.partition)
         .is_some_and(|p| p.check_range);
-    let range = if check {
-        ctx.log
+    // The offsets the check just read, when it read them, serve the range check too.
+    let range = match (check, fresh) {
+        (false, _) => None,
+        (true, Some(r)) => Some(r),
+        (true, None) => ctx
+            .log
             .inner
             .runtime
             .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
-            .ok()
-    } else {
-        None
+            .ok(),
     };
     let mut parts = lock(&ctx.parts);
     let Some(part) = parts.get_mut(&req.partition) else {
@@ -750,7 +762,7 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
     part.discard_below(req.from);
     let partition = req.partition;
     part.fetch = Some(req);
-    part.answer_if_ready();
+    answer(ctx, partition, part);
     if part.paused && part.buffer.len() < PAUSE_AT_RECORDS {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(ctx.topic.as_str(), partition as i32);
@@ -761,13 +773,13 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
 }
 
 /// Checks what a lane knows against the log ([`divergence`]): the log's (earliest,
-/// divergence point) when it diverged, `None` when not; an error when the log could not
-/// be read (the check stays due).
+/// divergence point) when it diverged, and the log's (earliest, end) when the check read
+/// them afresh; an error when the log could not be read (the check stays due).
 fn validate(
     ctx: &GroupContext,
     partition: Partition,
     v: Validate,
-) -> Result<Option<(Offset, Offset)>, String> {
+) -> Result<(Option<Span>, Option<Span>), String> {
     let runtime = &ctx.log.inner.runtime;
     let (earliest, end) = match v.range {
         Some(r) => r,
@@ -795,7 +807,8 @@ fn validate(
         }
     })?;
     tracing::debug!(group = %ctx.group, partition, stamp = ?v.stamp, known_end = v.known_end, earliest, end, diverged_at = ?d, reads, elapsed_ms = started.elapsed().as_millis() as u64, "lane checked against the log");
-    Ok(d.map(|d| (earliest, d)))
+    let fresh = v.range.is_none().then_some((earliest, end));
+    Ok((d.map(|d| (earliest, d)), fresh))
 }
 
 /// Starts fetching `partition` at `from` again after the consumer may have stopped it (a
@@ -866,6 +879,17 @@ fn restart_fetcher(
     Some(restarted)
 }
 
+/// Answers the partition's waiting fetch if it can, and stamps the lane's later progress
+/// records with the leader epoch the records handed over raised it to.
+fn answer(ctx: &GroupContext, partition: Partition, part: &mut Part) {
+    if let Some(e) = part.answer_if_ready() {
+        ctx.log
+            .inner
+            .progress
+            .observe_epoch(&ctx.group, partition, e);
+    }
+}
+
 fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &BorrowedMessage<'_>) {
     let partition = m.partition().max(0) as Partition;
     let offset = m.offset().max(0) as Offset;
@@ -878,17 +902,9 @@ fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &Bor
         return;
     }
     let record = decode_message(m, ctx.log.settings().max_event_bytes);
-    part.known_end = part.known_end.max(offset + 1);
-    if let Some(e) = leader_epoch(m).filter(|&e| part.epoch.is_none_or(|k| e > k)) {
-        part.epoch = Some(e);
-        ctx.log
-            .inner
-            .progress
-            .observe_epoch(&ctx.group, partition, e);
-    }
     part.buffered_bytes += record.body.len();
-    part.buffer.push_back(record);
-    part.answer_if_ready();
+    part.buffer.push_back((record, leader_epoch(m)));
+    answer(ctx, partition, part);
     if part.fetch.is_none() && !part.paused && part.buffer.len() >= PAUSE_AT_RECORDS {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(ctx.topic.as_str(), partition as i32);
