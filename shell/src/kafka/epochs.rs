@@ -72,37 +72,38 @@ pub(super) fn divergence<E>(
     if first.is_none() {
         // No record at or after `top - 1` (transaction markers, say): the last record
         // below `top` is the one before the first offset from which none follows.
-        let (mut lo, mut hi) = (earliest, last);
-        // Invariant: no record at or after `hi`; one at or after every offset below `lo`.
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if first_at(mid)?.is_none() {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        if lo == earliest {
+        let none_from = first_where(earliest, last, |o| Ok(first_at(o)?.is_none()))?;
+        if none_from == earliest {
             return Ok(past_end);
         }
-        last = lo - 1;
+        last = none_from - 1;
         first = first_at(last)?;
     }
     if !newer(first) {
         return Ok(past_end);
     }
-    // Invariant: the first record at or after `hi` is newer than the stamp; none at or
-    // after an offset below `lo` is. Epochs never fall, so the answer is monotone.
-    let (mut lo, mut hi) = (earliest, last);
+    // Epochs never fall along the offsets, so "the first record at or after o is newer
+    // than the stamp" holds from some offset on.
+    first_where(earliest, last, |o| Ok(newer(first_at(o)?))).map(Some)
+}
+
+/// The first offset in `[lo, hi]` where `holds`, for a `holds` that is false up to some
+/// offset and true from there on, and true at `hi` (so the answer is at most `hi`).
+fn first_where<E>(
+    mut lo: Offset,
+    mut hi: Offset,
+    mut holds: impl FnMut(Offset) -> Result<bool, E>,
+) -> Result<Offset, E> {
+    // Invariant: `holds(hi)`; not `holds(o)` for every `o` below `lo`.
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if newer(first_at(mid)?) {
+        if holds(mid)? {
             hi = mid;
         } else {
             lo = mid + 1;
         }
     }
-    Ok(Some(lo))
+    Ok(lo)
 }
 
 /// The offset a checkpoint knows up to (exclusive): its done offsets and its attempt
