@@ -345,10 +345,7 @@ fn take<M: Message>(ledger: &mut Ledger, m: &M, group: &GroupName, topic: &Topic
         return;
     };
     let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| *k == name)
-            .and_then(|(_, v)| *v)
+        super::records::header(&headers, name)
             .and_then(|v| std::str::from_utf8(v).ok())
             .map(str::to_owned)
     };

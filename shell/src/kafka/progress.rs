@@ -289,10 +289,8 @@ impl ReaderState {
         };
         let home = m.partition() == HOME_PARTITION;
         let (headers, payload) = super::records::incoming(m);
-        let leader_epoch = headers
-            .iter()
-            .find(|(k, _)| *k == LEADER_EPOCH_HEADER)
-            .and_then(|(_, v)| v.and_then(parse_epoch));
+        let leader_epoch =
+            super::records::header(&headers, LEADER_EPOCH_HEADER).and_then(parse_epoch);
         match payload.map(Checkpoint::decode) {
             None => self.absorb(home, key, None),
             Some(Ok(checkpoint)) => self.absorb(

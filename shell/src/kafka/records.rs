@@ -22,6 +22,15 @@ use unimesh_core::{Offset, Record, RecordMeta};
 /// A record's headers, in order, as name and value.
 pub(super) type HeaderList<'a> = Vec<(&'a str, Option<&'a [u8]>)>;
 
+/// The value of the first header named `name` (as this mesh writes its own headers:
+/// exactly), if it has one.
+pub(super) fn header<'a>(headers: &HeaderList<'a>, name: &str) -> Option<&'a [u8]> {
+    headers
+        .iter()
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| *v)
+}
+
 /// The headers and value of a record to send.
 pub(super) struct Outgoing<'a> {
     #[cfg(not(madsim))]
