@@ -145,6 +145,21 @@ fn outside_kafka_clients_and_unimesh_read_each_others_records() {
     assert_eq!(again[0].event["data"], json!({"paid": true}));
 }
 
+/// A `unimesh serve` on `broker` named "one" (topics of one partition, one record per
+/// producer batch: tansu answers a fetch from inside a batch with the next batch), with
+/// group `group` reading `topic` from the earliest record, ACK timeout 60 s.
+fn one_group_server(broker: &Broker, group: &str, topic: &str) -> Server {
+    let opts = broker
+        .server_options("one", 1)
+        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
+    let server = Server::start(opts);
+    server.subscribe(
+        group,
+        &json!({"topic": topic, "startFrom": "earliest", "ackTimeoutMs": 60000}),
+    );
+    server
+}
+
 /// Publishes `n` events with one partition key to `topic`, numbered from `first`; their
 /// (partition, offset) in order.
 fn publish_keyed(server: &Server, topic: &str, first: usize, n: usize) -> Vec<(u32, u64)> {
@@ -180,15 +195,7 @@ fn take_and_ack(server: &Server, group: &str, n: usize) -> Vec<u64> {
 #[test]
 fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
     let broker = Broker::start();
-    // One record per batch: tansu answers a fetch from inside a batch with the next batch.
-    let opts = broker
-        .server_options("one", 1)
-        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
-    let mut server = Server::start(opts);
-    server.subscribe(
-        "slow",
-        &json!({"topic": "trimmed", "startFrom": "earliest", "ackTimeoutMs": 60000}),
-    );
+    let mut server = one_group_server(&broker, "slow", "trimmed");
     // One key: every record on one partition (a broker may create the topic with more).
     let placed = publish_keyed(&server, "trimmed", 0, 10);
     let partition = placed[0].0;
@@ -229,14 +236,7 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
 #[test]
 fn a_replaced_owners_late_progress_write_is_fenced_out() {
     let broker = Broker::start();
-    let opts = broker
-        .server_options("one", 1)
-        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
-    let mut server = Server::start(opts);
-    server.subscribe(
-        "fenced",
-        &json!({"topic": "zombie", "startFrom": "earliest", "ackTimeoutMs": 60000}),
-    );
+    let mut server = one_group_server(&broker, "fenced", "zombie");
     let placed = publish_keyed(&server, "zombie", 0, 10);
     let partition = placed[0].0;
     assert!(placed.iter().all(|&(p, _)| p == partition), "{placed:?}");
@@ -280,14 +280,7 @@ fn a_replaced_owners_late_progress_write_is_fenced_out() {
 #[test]
 fn records_a_newer_leader_wrote_at_known_offsets_are_delivered() {
     let broker = Broker::start_mock();
-    let opts = broker
-        .server_options("one", 1)
-        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
-    let mut server = Server::start(opts);
-    server.subscribe(
-        "refilled",
-        &json!({"topic": "epochs", "startFrom": "earliest", "ackTimeoutMs": 60000}),
-    );
+    let mut server = one_group_server(&broker, "refilled", "epochs");
     // One key, so one partition (the mock may create the topic with more than asked).
     let mut placed = publish_keyed(&server, "epochs", 0, 5);
     let partition = placed[0].0;
@@ -332,14 +325,7 @@ fn records_a_newer_leader_wrote_at_known_offsets_are_delivered() {
 #[test]
 fn a_new_leader_epoch_alone_redelivers_nothing() {
     let broker = Broker::start_mock();
-    let opts = broker
-        .server_options("one", 1)
-        .toml("[kafka.properties]\n\"batch.num.messages\" = \"1\"\n");
-    let mut server = Server::start(opts);
-    server.subscribe(
-        "steady",
-        &json!({"topic": "failover", "startFrom": "earliest", "ackTimeoutMs": 60000}),
-    );
+    let mut server = one_group_server(&broker, "steady", "failover");
     let partition = publish_keyed(&server, "failover", 0, 5)[0].0;
     assert_eq!(
         take_and_ack(&server, "steady", 5),
