@@ -10,6 +10,9 @@ topic creation, and stamps every record batch with its partition's leader epoch.
 Commands, one per line on stdin, each answered with one line on stdout:
     leader TOPIC PARTITION   # elects the partition's leader again: a new leader epoch
                              # (records appended from now on carry it) -> "ok" | "error N"
+    errors API CODE COUNT    # the next COUNT requests of Kafka API key API (2: ListOffsets)
+                             # are answered with error CODE (6: not leader) -> "ok"
+    clear API                # drops the errors still queued for API -> "ok"
 
 The cluster is driven through librdkafka's C API (ctypes): confluent-kafka's Python API has
 no handle on the mock cluster.
@@ -45,6 +48,11 @@ def librdkafka():
     lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
                                                        ctypes.c_int32, ctypes.c_int32]
     lib.rd_kafka_mock_partition_set_leader.restype = ctypes.c_int
+    lib.rd_kafka_mock_push_request_errors_array.argtypes = [
+        ctypes.c_void_p, ctypes.c_int16, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]
+    lib.rd_kafka_mock_push_request_errors_array.restype = None
+    lib.rd_kafka_mock_clear_request_errors.argtypes = [ctypes.c_void_p, ctypes.c_int16]
+    lib.rd_kafka_mock_clear_request_errors.restype = None
     return lib
 
 
@@ -69,6 +77,14 @@ def main():
             code = lib.rd_kafka_mock_partition_set_leader(cluster, words[1].encode(),
                                                           int(words[2]), 1)
             print("ok" if code == 0 else f"error {code}", flush=True)
+        elif len(words) == 4 and words[0] == "errors":
+            api, code, count = int(words[1]), int(words[2]), int(words[3])
+            errors = (ctypes.c_int * count)(*([code] * count))
+            lib.rd_kafka_mock_push_request_errors_array(cluster, api, count, errors)
+            print("ok", flush=True)
+        elif len(words) == 2 and words[0] == "clear":
+            lib.rd_kafka_mock_clear_request_errors(cluster, int(words[1]))
+            print("ok", flush=True)
         else:
             print(f"error unknown command {line.strip()!r}", flush=True)
     while True:

@@ -109,21 +109,34 @@ impl Broker {
     /// Elects the partition's leader again (the mock cluster only): records appended from
     /// now on carry a new leader epoch, as after a failover.
     pub fn new_leader_epoch(&self, topic: &str, partition: u32) {
+        self.command(&format!("leader {topic} {partition}"));
+    }
+
+    /// The next `count` requests of Kafka API `api_key` (2: ListOffsets) that reach the
+    /// mock cluster, from any client, are answered with error `code` (6: not leader for
+    /// partition, which librdkafka's offset queries return as they are).
+    pub fn fail_requests(&self, api_key: i16, code: i32, count: usize) {
+        self.command(&format!("errors {api_key} {code} {count}"));
+    }
+
+    /// Drops the errors still queued for API `api_key` ([`Self::fail_requests`]).
+    pub fn clear_request_errors(&self, api_key: i16) {
+        self.command(&format!("clear {api_key}"));
+    }
+
+    /// One command to the mock cluster's process, answered "ok".
+    fn command(&self, line: &str) {
         let Some(mock) = &self.mock else {
-            panic!("only the mock cluster starts a new leader epoch on demand");
+            panic!("only the mock cluster takes commands ({line})");
         };
         let mut guard = mock.lock().unwrap_or_else(|p| p.into_inner());
         let (input, out) = &mut *guard;
-        writeln!(input, "leader {topic} {partition}")
+        writeln!(input, "{line}")
             .and_then(|()| input.flush())
             .unwrap_or_else(|e| panic!("cannot command the mock cluster: {e}"));
         let mut answer = String::new();
         let _ = out.read_line(&mut answer);
-        assert_eq!(
-            answer.trim(),
-            "ok",
-            "the mock cluster refused a new leader for {topic}/{partition}"
-        );
+        assert_eq!(answer.trim(), "ok", "the mock cluster refused `{line}`");
     }
 
     fn start_tansu() -> Self {

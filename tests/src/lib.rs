@@ -823,6 +823,22 @@ impl Drop for Server {
             for line in tail.iter().rev() {
                 eprintln!("{line}");
             }
+            // `UNIMESH_TEST_LOGS=DIR` keeps every incarnation's whole stderr of a failed
+            // test there (a loop hunting a rare failure needs more than the last lines).
+            if let Some(dir) = std::env::var_os("UNIMESH_TEST_LOGS") {
+                let dir = PathBuf::from(dir).join(format!(
+                    "{}-{}",
+                    std::process::id(),
+                    self.http_addr().port()
+                ));
+                if std::fs::create_dir_all(&dir).is_ok() {
+                    for i in 1..=self.incarnation {
+                        let _ =
+                            std::fs::copy(self.stderr_path(i), dir.join(format!("stderr-{i}.log")));
+                    }
+                    eprintln!("--- whole stderr kept in {} ---", dir.display());
+                }
+            }
         }
         self.kill9();
     }

@@ -82,6 +82,15 @@ pub struct BrokerMetrics {
     /// Lanes whose log diverged from what they knew (a lost tail, found by leader epochs
     /// or a log shorter than the checkpoint): the core forgot from there and reported it.
     pub log_divergences: u64,
+    /// Partition ends the broker claimed below records it still held (a claim the log
+    /// refuted; nothing was dropped for it).
+    pub end_anomalies: u64,
+    /// Offsets a broker answered as absent right after a reposition that a read from
+    /// further back showed to exist (tansu answers a fetch from inside a batch with the
+    /// next batch).
+    pub gaps_refuted: u64,
+    /// Reads of the progress topic at an assignment that failed and were tried again.
+    pub progress_read_retries: u64,
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the

@@ -15,7 +15,9 @@
 //!   `unimesh_log_write_failures_total`, `unimesh_log_disk_bytes`; and on Kafka
 //!   `unimesh_kafka_rebalances_total`, `unimesh_kafka_producer_errors_total`,
 //!   `unimesh_kafka_out_of_range_total`, `unimesh_kafka_commit_failures_total`,
-//!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`
+//!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`,
+//!   `unimesh_kafka_end_anomalies_total`, `unimesh_kafka_gaps_refuted_total`,
+//!   `unimesh_kafka_progress_read_retries_total`
 //!   (`unimesh_lag` is then the broker's end offset, read every second, minus the
 //!   watermark).
 //!
@@ -300,7 +302,7 @@ impl Collector for SnapshotCollector {
                 ConstCounter::new(v).encode(m)?;
             }
             if let Some(b) = &log.broker {
-                let counters: [(&str, &str, u64); 6] = [
+                let counters: [(&str, &str, u64); 9] = [
                     (
                         "unimesh_kafka_rebalances",
                         "Kafka rebalance callbacks run (assignments and revocations)",
@@ -330,6 +332,21 @@ impl Collector for SnapshotCollector {
                         "unimesh_kafka_log_divergences",
                         "Lanes whose log diverged from what they knew (a lost tail; forgotten from there and reported)",
                         b.log_divergences,
+                    ),
+                    (
+                        "unimesh_kafka_end_anomalies",
+                        "Partition ends the broker claimed below records it still held (refuted by a read; nothing dropped)",
+                        b.end_anomalies,
+                    ),
+                    (
+                        "unimesh_kafka_gaps_refuted",
+                        "Offsets answered as absent after a reposition that a read from further back showed to exist",
+                        b.gaps_refuted,
+                    ),
+                    (
+                        "unimesh_kafka_progress_read_retries",
+                        "Reads of the progress topic at an assignment that failed and were tried again",
+                        b.progress_read_retries,
                     ),
                 ];
                 for (name, help, v) in counters {
@@ -404,6 +421,9 @@ mod tests {
                     commit_failures: 0,
                     progress_ranges_dropped: 9,
                     log_divergences: 2,
+                    end_anomalies: 5,
+                    gaps_refuted: 6,
+                    progress_read_retries: 8,
                 }),
             }),
         };
@@ -417,6 +437,9 @@ mod tests {
             "unimesh_kafka_producer_errors_total 1\n",
             "unimesh_kafka_progress_ranges_dropped_total 9\n",
             "unimesh_kafka_log_divergences_total 2\n",
+            "unimesh_kafka_end_anomalies_total 5\n",
+            "unimesh_kafka_gaps_refuted_total 6\n",
+            "unimesh_kafka_progress_read_retries_total 8\n",
             "unimesh_epoch 3\n",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");

@@ -152,6 +152,7 @@ impl Shared {
                     &partitions,
                     NO_GENERATION,
                     &no_commits,
+                    None,
                 )
                 .await
             {

@@ -34,10 +34,12 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Assignment, Checkpoint, GroupName, Offset, Partition, Record, TopicName};
 
-use super::epochs::{divergence, known_end, leader_epoch, EpochProbe};
+use super::epochs::{divergence, evident_end, known_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
+use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
 use super::records::decode_message;
 use crate::engine::{GroupEvent, LogRead};
+use madsim_rdkafka::producer::FutureRecord;
 
 /// How long the consumer thread sleeps in a poll when nothing happens.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
@@ -45,6 +47,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(5);
 const PAUSE_AT_RECORDS: usize = 2_000;
 /// How long a revocation waits for the engine to flush before giving the partition up.
 const REVOKE_WAIT: Duration = Duration::from_secs(30);
+/// How long an assignment reads the progress topic again while it fails.
+const PROGRESS_READ_WAIT: Duration = Duration::from_secs(60);
+/// Reads of a partition's offsets at an assignment before the lane's first fetch is left
+/// to read them.
+const OFFSET_READS: u32 = 3;
 
 enum Control {
     Commit {
@@ -107,6 +114,7 @@ impl GroupConsumer {
             control: Mutex::new(rx),
             held: Mutex::new(Vec::new()),
             probe: Mutex::new(None),
+            anomalies: Mutex::new(BTreeMap::new()),
         };
         let consumer: BaseConsumer<GroupContext> = log
             .inner
@@ -267,9 +275,10 @@ impl Part {
         self.base = self.base.max(from);
     }
 
-    /// Answers the waiting fetch with what the buffer holds, if it holds anything; the
-    /// lane's leader epoch when the records handed over raised it.
-    fn answer_if_ready(&mut self) -> Option<i32> {
+    /// Answers the waiting fetch with what the buffer holds, if it holds anything: the
+    /// end of what was handed over, and the lane's leader epoch when those records raised
+    /// it.
+    fn answer_if_ready(&mut self) -> Option<(Offset, Option<i32>)> {
         if self.buffer.is_empty() {
             return None;
         }
@@ -295,7 +304,7 @@ impl Part {
             out.push(r);
         }
         let _ = req.reply.send(LogRead::Decoded(out));
-        self.epoch.filter(|_| self.epoch != before)
+        Some((self.base, self.epoch.filter(|_| self.epoch != before)))
     }
 }
 
@@ -313,6 +322,9 @@ pub(super) struct GroupContext {
     held: Mutex<Vec<FetchRequest>>,
     /// Reads records' leader epochs, made when a lane first needs it.
     probe: Mutex<Option<EpochProbe>>,
+    /// Per partition, the last end claim a read of the log refuted (present: the anomaly
+    /// was logged at warn once).
+    anomalies: Mutex<BTreeMap<Partition, Refuted>>,
 }
 
 impl ClientContext for GroupContext {}
@@ -357,7 +369,6 @@ impl GroupContext {
     /// offset), assigns it at exactly that offset, and tells the engine.
     fn on_assign(&self, consumer: &BaseConsumer<GroupContext>, partitions: &[Partition]) {
         let log = &self.log;
-        let runtime = &log.inner.runtime;
         let timeout = log.settings().request_timeout;
         let mut committed = BTreeMap::new();
         let mut ask = TopicPartitionList::new();
@@ -389,36 +400,25 @@ impl GroupContext {
             tracing::warn!(group = %self.group, "the client reports no group generation; progress writes are not fenced");
         }
         let stored = if partitions.is_empty() {
-            Ok(BTreeMap::new())
+            BTreeMap::new()
         } else {
-            runtime.block_on(log.inner.progress.latest(
-                &self.group,
-                &self.topic,
-                partitions,
-                gen,
-                &committed,
-            ))
-        };
-        let stored = match stored {
-            Ok(m) => m,
-            Err(e) => {
-                // Without the progress topic the committed offset still bounds duplicates;
-                // nothing below it is delivered again.
-                tracing::error!(group = %self.group, error = %e, "cannot read the progress topic; resuming from committed offsets");
-                BTreeMap::new()
-            }
+            self.read_progress(partitions, gen, &committed)
         };
         let mut assignments = Vec::with_capacity(partitions.len());
         let mut tpl = TopicPartitionList::new();
         let mut parts = lock(&self.parts);
         for &p in partitions {
-            let (earliest, end) = match runtime.block_on(log.watermarks(&self.topic, p)) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(group = %self.group, partition = p, error = %e, "cannot read offsets at assignment");
-                    (0, 0)
-                }
-            };
+            // Offsets that could not be read are unknown, never (0, 0): taken as the log's
+            // end, 0 made every lane that knew offsets "diverge" at 0 and deliver its ACK
+            // ranges again (issue 23). The check before the first fetch reads them then.
+            let read = read_offsets(log, &self.topic, p);
+            if let Err(e) = &read {
+                tracing::warn!(group = %self.group, partition = p, error = %e, "cannot read offsets at assignment; the lane's first fetch reads them");
+            }
+            let range = read.ok();
+            let (earliest, end) = range
+                .or_else(|| log.cached_offsets(&self.topic, p))
+                .unwrap_or((0, 0));
             let chosen = stored.get(&p).cloned().unwrap_or_default();
             tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), leader_epoch = ?chosen.leader_epoch, committed = ?committed.get(&p), end, "progress read at assignment");
             // A committed offset past the progress record is all that is known (a commit
@@ -437,10 +437,13 @@ impl GroupContext {
             let start = checkpoint
                 .as_ref()
                 .map_or(earliest, |c| c.progress.watermark());
+            // Read from far enough back that the stream holds every record from `start`
+            // on (records below it are dropped as they come: `base`).
+            let read_from = self.stream_start(p, start, earliest);
             let _ = tpl.add_partition_offset(
                 self.topic.as_str(),
                 p as i32,
-                KOffset::Offset(start as i64),
+                KOffset::Offset(read_from as i64),
             );
             let mut part = Part::new(start);
             part.epoch = stamp;
@@ -449,7 +452,7 @@ impl GroupContext {
                 part.validate = Some(Validate {
                     stamp,
                     known_end: part.known_end,
-                    range: Some((earliest, end)),
+                    range,
                 });
             }
             parts.insert(p, part);
@@ -474,6 +477,103 @@ impl GroupContext {
             group: self.group.clone(),
             partitions: assignments,
         });
+    }
+
+    /// Where to read `partition` from so that the stream holds every record at or after
+    /// `at` ([`super::epochs::read_looking_back`]: a broker may answer a read from inside
+    /// a record batch with the next batch; tansu 0.6.0 does). `at` itself when it is the
+    /// log's earliest, or when the log cannot be read now (logged: the stream is then
+    /// read as the broker answers it).
+    fn stream_start(&self, partition: Partition, at: Offset, earliest: Offset) -> Offset {
+        if at <= earliest {
+            return at;
+        }
+        let mut probe = lock(&self.probe);
+        if probe.is_none() {
+            match self
+                .log
+                .inner
+                .runtime
+                .block_on(EpochProbe::new(self.log.settings()))
+            {
+                Ok(p) => *probe = Some(p),
+                Err(e) => {
+                    tracing::warn!(group = %self.group, partition, error = %e, "cannot make the probe that checks where to read from");
+                    return at;
+                }
+            }
+        }
+        let Some(p) = probe.as_ref() else {
+            return at;
+        };
+        match p.read(self.topic.as_str(), partition, at, earliest, None) {
+            Ok(read) => {
+                if read.from < at && read.hit.is_some_and(|(o, _)| o > at) {
+                    tracing::debug!(group = %self.group, partition, at, from = read.from, "a gap after the read position confirmed by a read from further back");
+                }
+                if read.from + 1 < at {
+                    // More than the one record a whole-batch broker needs at a gap or
+                    // the log's end: the broker skipped records from `at`.
+                    self.log
+                        .counters()
+                        .gaps_refuted
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(group = %self.group, partition, at, from = read.from, "the broker answers a read from here with a later batch; reading from further back");
+                }
+                read.from
+            }
+            Err(e) => {
+                tracing::warn!(group = %self.group, partition, at, error = %e, "cannot check where to read from; reading from the position as the broker answers it");
+                at
+            }
+        }
+    }
+
+    /// The progress each of `partitions` resumes from ([`ProgressReader::latest`]), read
+    /// again while it fails, for at most [`PROGRESS_READ_WAIT`]: resuming from the
+    /// committed offsets alone would deliver again every ACK range above them, records
+    /// whose ACKs were made durable (C2; issue 23). Only after that long is the committed
+    /// offset all a lane resumes from (logged as an error, and the retries counted).
+    fn read_progress(
+        &self,
+        partitions: &[Partition],
+        gen: Option<i32>,
+        committed: &BTreeMap<Partition, Offset>,
+    ) -> BTreeMap<Partition, Chosen> {
+        let log = &self.log;
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let read = log.inner.runtime.block_on(async {
+                let marker = sync_marker(log).await?;
+                log.inner
+                    .progress
+                    .latest(
+                        &self.group,
+                        &self.topic,
+                        partitions,
+                        gen,
+                        committed,
+                        Some(marker),
+                    )
+                    .await
+            });
+            match read {
+                Ok(m) => return m,
+                Err(e) if started.elapsed() < PROGRESS_READ_WAIT => {
+                    log.counters()
+                        .progress_read_retries
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(group = %self.group, error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot read the progress topic at an assignment; reading it again");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::error!(group = %self.group, error = %e, waited_s = started.elapsed().as_secs(), "cannot read the progress topic; resuming from committed offsets (ACK ranges above them are delivered again)");
+                    return BTreeMap::new();
+                }
+            }
+        }
     }
 
     /// Waits until the engine made the group's progress durable and dropped the lanes,
@@ -661,9 +761,9 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         }
         Some(Ok(checked)) => checked,
     };
-    let check = lock(&ctx.parts)
+    let (check, known) = lock(&ctx.parts)
         .get(&req.partition)
-        .is_some_and(|p| p.check_range);
+        .map_or((false, 0), |p| (p.check_range, p.known_end));
     // The offsets the check just read, when it read them, serve the range check too.
     let range = match (check, fresh) {
         (false, _) => None,
@@ -673,7 +773,8 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
             .inner
             .runtime
             .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
-            .ok(),
+            .ok()
+            .and_then(|r| claimed_range(ctx, req.partition, r, req.from.max(known))),
     };
     let mut parts = lock(&ctx.parts);
     let Some(part) = parts.get_mut(&req.partition) else {
@@ -722,13 +823,18 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
     }
     let reposition = req.from < part.base;
     if reposition {
+        let earliest = ctx
+            .log
+            .cached_offsets(&ctx.topic, req.partition)
+            .map_or(0, |(e, _)| e);
+        let at = ctx.stream_start(req.partition, req.from, earliest);
         let moved = if part.stalled {
-            restart_fetcher(consumer, ctx, &mut parts, req.partition, req.from)
+            restart_fetcher(consumer, ctx, &mut parts, req.partition, at)
         } else {
             run_now(consumer.seek(
                 ctx.topic.as_str(),
                 req.partition as i32,
-                KOffset::Offset(req.from as i64),
+                KOffset::Offset(at as i64),
                 Duration::from_millis(0),
             ))
         };
@@ -772,6 +878,45 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
     }
 }
 
+/// Writes this instance's sync marker to the progress topic's home partition and answers
+/// its offset: the reader reads at least past it, so every progress record acknowledged
+/// before it is read, whatever end the broker claims ([`SYNC_KEY_PREFIX`]).
+async fn sync_marker(log: &KafkaLog) -> Result<i64, String> {
+    let s = log.settings();
+    let key = format!("{SYNC_KEY_PREFIX}{}", s.instance);
+    let record = FutureRecord::to(&s.progress_topic)
+        .partition(HOME_PARTITION)
+        .key(&key)
+        .payload("sync");
+    match log.inner.producer.send_result(record) {
+        Ok(f) => match f.await {
+            Ok(Ok((_, offset))) => Ok(offset),
+            Ok(Err((e, _))) => Err(format!(
+                "cannot write the progress topic's sync marker: {e}"
+            )),
+            Err(_) => Err("the producer dropped the progress topic's sync marker".to_owned()),
+        },
+        Err((e, _)) => Err(format!(
+            "cannot write the progress topic's sync marker: {e}"
+        )),
+    }
+}
+
+/// A partition's (earliest, end) from the broker, read up to [`OFFSET_READS`] times.
+fn read_offsets(log: &KafkaLog, topic: &TopicName, p: Partition) -> Result<Span, String> {
+    let mut last = String::new();
+    for attempt in 0..OFFSET_READS {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_millis(100 << attempt));
+        }
+        match log.inner.runtime.block_on(log.watermarks(topic, p)) {
+            Ok(pair) => return Ok(pair),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// Checks what a lane knows against the log ([`divergence`]): the log's (earliest,
 /// divergence point) when it diverged, and the log's (earliest, end) when the check read
 /// them afresh; an error when the log could not be read (the check stays due).
@@ -781,7 +926,7 @@ fn validate(
     v: Validate,
 ) -> Result<(Option<Span>, Option<Span>), String> {
     let runtime = &ctx.log.inner.runtime;
-    let (earliest, end) = match v.range {
+    let (earliest, claimed) = match v.range {
         Some(r) => r,
         None => runtime
             .block_on(ctx.log.watermarks(&ctx.topic, partition))
@@ -792,23 +937,116 @@ fn validate(
                 )
             })?,
     };
+    let started = Instant::now();
+    let mut reads = 0u32;
+    let end = evident(ctx, partition, (earliest, claimed), v.known_end, &mut reads)?;
     let mut probe = lock(&ctx.probe);
     if v.stamp.is_some() && probe.is_none() {
         *probe = Some(runtime.block_on(EpochProbe::new(ctx.log.settings()))?);
     }
     let topic = ctx.topic.as_str();
-    let started = Instant::now();
-    let mut reads = 0u32;
     let d = divergence(v.stamp, earliest, end, v.known_end, |o| {
         reads += 1;
         match probe.as_ref() {
-            Some(p) => p.first_at(topic, partition, o, end),
+            Some(p) => p.first_at(topic, partition, o, earliest, Some(end)),
             None => Err("no leader-epoch probe".to_owned()),
         }
     })?;
-    tracing::debug!(group = %ctx.group, partition, stamp = ?v.stamp, known_end = v.known_end, earliest, end, diverged_at = ?d, reads, elapsed_ms = started.elapsed().as_millis() as u64, "lane checked against the log");
+    tracing::debug!(group = %ctx.group, partition, stamp = ?v.stamp, known_end = v.known_end, earliest, claimed, end, diverged_at = ?d, reads, elapsed_ms = started.elapsed().as_millis() as u64, "lane checked against the log");
     let fresh = v.range.is_none().then_some((earliest, end));
     Ok((d.map(|d| (earliest, d)), fresh))
+}
+
+/// The end of `partition`'s log for a lane that knows offsets below `known_end`, when the
+/// broker claims `claimed` ([`evident_end`]: a claim below what the lane knows is read
+/// before it is believed). A refuted claim is counted and logged (once per partition and
+/// claim at warn); the end the log showed is kept for lag and later checks.
+fn evident(
+    ctx: &GroupContext,
+    partition: Partition,
+    (earliest, claimed): Span,
+    known_end: Offset,
+    reads: &mut u32,
+) -> Result<Offset, String> {
+    if claimed >= known_end {
+        return Ok(claimed);
+    }
+    // The same claim refuted before, by a log that showed all the lane knows: not read
+    // again (tansu repeats its claim until the next batch arrives).
+    if let Some(r) = lock(&ctx.anomalies).get(&partition) {
+        if r.claim == claimed && r.shown >= known_end {
+            ctx.log
+                .counters()
+                .end_anomalies
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(r.shown);
+        }
+    }
+    let mut probe = lock(&ctx.probe);
+    if probe.is_none() {
+        *probe = Some(
+            ctx.log
+                .inner
+                .runtime
+                .block_on(EpochProbe::new(ctx.log.settings()))?,
+        );
+    }
+    let topic = ctx.topic.as_str();
+    let checked = evident_end(claimed, known_end, |o| {
+        *reads += 1;
+        match probe.as_ref() {
+            Some(p) => p.first_at(topic, partition, o, earliest, None),
+            None => Err("no leader-epoch probe".to_owned()),
+        }
+    })?;
+    if checked.refuted {
+        ctx.log
+            .counters()
+            .end_anomalies
+            .fetch_add(1, Ordering::Relaxed);
+        let first = lock(&ctx.anomalies)
+            .insert(
+                partition,
+                Refuted {
+                    claim: claimed,
+                    shown: checked.end,
+                },
+            )
+            .is_none();
+        if first {
+            tracing::warn!(group = %ctx.group, partition, claimed, shown = checked.end, known_end, "the broker claimed an end below records it holds; kept everything (counted in unimesh_kafka_end_anomalies_total, logged once per partition)");
+        } else {
+            tracing::debug!(group = %ctx.group, partition, claimed, shown = checked.end, "end claim refuted again");
+        }
+    }
+    ctx.log
+        .show_end(&ctx.topic, partition, checked.end, !checked.refuted);
+    Ok(checked.end)
+}
+
+/// `range` as claimed by the broker, its end checked by [`evident`] when it is below
+/// `known_end`; `None` when the log could not be read (no verdict: the fetch goes on).
+fn claimed_range(
+    ctx: &GroupContext,
+    partition: Partition,
+    range: Span,
+    known_end: Offset,
+) -> Option<Span> {
+    let mut reads = 0;
+    match evident(ctx, partition, range, known_end, &mut reads) {
+        Ok(end) => Some((range.0, end)),
+        Err(e) => {
+            tracing::warn!(group = %ctx.group, partition, error = %e, "cannot check the broker's end offset against the log");
+            None
+        }
+    }
+}
+
+/// A partition end claim a read of the log refuted: the claim, and the end the log showed.
+#[derive(Clone, Copy, Debug)]
+struct Refuted {
+    claim: Offset,
+    shown: Offset,
 }
 
 /// Starts fetching `partition` at `from` again after the consumer may have stopped it (a
@@ -882,7 +1120,12 @@ fn restart_fetcher(
 /// Answers the partition's waiting fetch if it can, and stamps the lane's later progress
 /// records with the leader epoch the records handed over raised it to.
 fn answer(ctx: &GroupContext, partition: Partition, part: &mut Part) {
-    if let Some(e) = part.answer_if_ready() {
+    let Some((end, raised)) = part.answer_if_ready() else {
+        return;
+    };
+    // The log holds records up to here, whatever end the broker claims.
+    ctx.log.show_end(&ctx.topic, partition, end, false);
+    if let Some(e) = raised {
         ctx.log
             .inner
             .progress
@@ -966,14 +1209,19 @@ fn expire_fetches(ctx: &GroupContext) {
     for req in expired {
         let suspect = ctx
             .log
-            .cached_offsets(&ctx.topic, req.partition)
+            .claimed_offsets(&ctx.topic, req.partition)
             .is_some_and(|(earliest, end)| req.from < earliest || req.from > end);
         if suspect {
-            if let Ok((earliest, end)) = ctx
+            let read = ctx
                 .log
                 .inner
                 .runtime
                 .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
+                .ok();
+            // A fetch past the claimed end asks from where records were handed over: the
+            // claim is checked against the log before it repositions anything.
+            if let Some((earliest, end)) =
+                read.and_then(|r| claimed_range(ctx, req.partition, r, req.from))
             {
                 if req.from < earliest || req.from > end {
                     let mut parts = lock(&ctx.parts);

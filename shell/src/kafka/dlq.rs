@@ -30,6 +30,8 @@ use bytes::Bytes;
 use madsim_rdkafka::consumer::BaseConsumer;
 #[cfg(not(madsim))]
 use madsim_rdkafka::consumer::Consumer;
+#[cfg(not(madsim))]
+use madsim_rdkafka::error::KafkaError;
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use unimesh_core::{
@@ -193,6 +195,12 @@ impl Ledger {
 
 /// The dead letters of `group` (reading `topic`): the topic read to its end. Blocking:
 /// run it off the async workers.
+///
+/// "Its end" is where this reader's own fetches reached the end of every partition
+/// (librdkafka's partition EOF, from the high watermark of a fetch answer this reader,
+/// made for this read, asked for), and at least the end the broker claims: a claimed end
+/// alone is not evidence (tansu 0.6.0 claims the start of a partition's last batch plus
+/// one, and a browse stopped there showed 6 of 10 entries; issue 18).
 #[cfg(not(madsim))]
 pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, String> {
     let s = log.settings();
@@ -201,7 +209,7 @@ pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Resu
     let mut c = s.client_config();
     c.set("group.id", format!("{}dlq-reader", s.group_prefix))
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
+        .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer = runtime
         .block_on(c.create())
@@ -231,9 +239,10 @@ pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Resu
         .assign(&tpl)
         .map_err(|e| format!("cannot read the DLQ topic: {e}"))?;
     let mut ledger = Ledger::default();
+    let mut at_end = std::collections::BTreeSet::new();
     let deadline = Instant::now() + s.request_timeout;
     loop {
-        let done = consumer.position().is_ok_and(|pos| {
+        let past_claims = consumer.position().is_ok_and(|pos| {
             highs.iter().all(|(&p, &hi)| {
                 hi <= 0
                     || pos
@@ -241,17 +250,23 @@ pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Resu
                         .is_some_and(|e| matches!(e.offset(), KOffset::Offset(o) if o >= hi))
             })
         });
-        if done {
+        if past_claims && at_end.len() == highs.len() {
             break;
         }
         if Instant::now() > deadline {
             return Err(format!("the DLQ topic {name} could not be read to its end"));
         }
-        let Some(polled) = consumer.poll(Duration::from_millis(20)) else {
-            continue;
-        };
-        let m = polled.map_err(|e| format!("DLQ topic read: {e}"))?;
-        take(&mut ledger, &m, group, topic);
+        match consumer.poll(Duration::from_millis(20)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(format!("DLQ topic read: {e}")),
+            Some(Ok(m)) => {
+                at_end.remove(&m.partition());
+                take(&mut ledger, &m, group, topic);
+            }
+        }
     }
     Ok(ledger)
 }

@@ -87,6 +87,114 @@ pub(super) fn divergence<E>(
     first_where(earliest, last, |o| Ok(newer(first_at(o)?))).map(Some)
 }
 
+/// A log's end as the lane may take it: what the broker claimed, or what the log was shown
+/// to hold when the claim is below what the lane knows (`refuted`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct EvidentEnd {
+    pub end: Offset,
+    /// The broker claimed an end below records it still holds.
+    pub refuted: bool,
+}
+
+/// The end of a log whose broker claims `claimed`, for a lane that knows offsets below
+/// `known_end`, given `first_at(o)`, which reads the first record at or after `o` with no
+/// bound (an offset past the log's end reads as none).
+///
+/// Contract (docs/DESIGN.md §8, "a partition's end is a claim"): **an end below what the
+/// lane knows is evidence of nothing until the log confirms it**. A claim at or above
+/// `known_end` is taken as it is (no read). Below it, the log is read: a record at or
+/// after `known_end - 1` shows that the log still holds everything the lane knew of (the
+/// claim is refuted; a refill there is the leader-epoch check's to find, [`divergence`]);
+/// otherwise the log ends at the first offset from which no record follows, which is the
+/// claim when nothing follows it (confirmed) and above it when records do (refuted).
+/// One read when the claim is refuted by the tail, `log2(known_end - claimed) + 1` more
+/// otherwise. tansu 0.6.0 claims the start of a partition's last batch plus one: with the
+/// claim taken as evidence, a lane dropped what it had handed out above it as a lost tail.
+pub(super) fn evident_end<E>(
+    claimed: Offset,
+    known_end: Offset,
+    mut first_at: impl FnMut(Offset) -> Result<FirstRecord, E>,
+) -> Result<EvidentEnd, E> {
+    if claimed >= known_end {
+        return Ok(EvidentEnd {
+            end: claimed,
+            refuted: false,
+        });
+    }
+    if let Some((o, _)) = first_at(known_end - 1)? {
+        return Ok(EvidentEnd {
+            end: known_end.max(o + 1),
+            refuted: true,
+        });
+    }
+    // Nothing at or after `known_end - 1`: "no record follows" holds there, and from some
+    // offset at or above the claim on.
+    let end = first_where(claimed, known_end - 1, |o| Ok(first_at(o)?.is_none()))?;
+    Ok(EvidentEnd {
+        end,
+        refuted: end > claimed,
+    })
+}
+
+/// Look-backs at most this far below an offset (a record batch is rarely larger; past it
+/// the broker's answer stands).
+pub(super) const MAX_LOOK_BACK: Offset = 1 << 20;
+
+/// Where to read from next to learn whether a broker's answer from past `at` skipped
+/// records: `step` below `at` (steps double: 1, 2, 4, ...), never below `earliest`;
+/// `None` when the last look-back already read from `earliest` or the bound is reached.
+pub(super) fn look_back_from(at: Offset, step: Offset, earliest: Offset) -> Option<Offset> {
+    if at <= earliest || step > MAX_LOOK_BACK || step == 0 {
+        return None;
+    }
+    let previous = at.saturating_sub(step / 2);
+    if step > 1 && previous <= earliest {
+        return None;
+    }
+    Some(at.saturating_sub(step).max(earliest))
+}
+
+/// A read from a broker that may skip records: the offset to read from so that the
+/// stream holds every record at or after the target, and the first record at or after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Read {
+    pub from: Offset,
+    pub hit: FirstRecord,
+}
+
+/// The first record at or after `o`, from a broker that may answer a read from inside a
+/// record batch with the *next* batch (tansu 0.6.0 does: a read from offset 3 of a batch
+/// of ten returns offset 10 first, and a read from inside the last batch returns
+/// nothing), and where to read from to get it. `scan(from, target)` reads from `from` and
+/// returns the first record it read and the first record at or after `target`.
+///
+/// Contract (docs/DESIGN.md §8, "absence is a claim after a reposition"): a read that
+/// starts at `o` and returns nothing at `o` first says nothing of `o` to the next record
+/// until a read from further back ([`look_back_from`]) returns a record at or below `o`
+/// first (its batch came whole, so what follows is the log's own order) or starts at the
+/// log's `earliest`. On a broker that returns whole batches (Kafka) this costs no read
+/// more where the record at `o` exists, and one more where a gap or the log's end is.
+pub(super) fn read_looking_back<E>(
+    o: Offset,
+    earliest: Offset,
+    mut scan: impl FnMut(Offset, Offset) -> Result<(Option<Offset>, FirstRecord), E>,
+) -> Result<Read, E> {
+    let (first, mut hit) = scan(o, o)?;
+    if first.is_some_and(|f| f <= o) || o <= earliest {
+        return Ok(Read { from: o, hit });
+    }
+    let mut step = 1;
+    while let Some(from) = look_back_from(o, step, earliest) {
+        let (first, h) = scan(from, o)?;
+        hit = h;
+        if first.is_some_and(|f| f <= o) || from <= earliest {
+            return Ok(Read { from, hit });
+        }
+        step *= 2;
+    }
+    Ok(Read { from: o, hit })
+}
+
 /// The first offset in `[lo, hi]` where `holds`, for a `holds` that is false up to some
 /// offset and true from there on, and true at `hi` (so the answer is at most `hi`).
 fn first_where<E>(
@@ -121,7 +229,7 @@ mod probe {
     use std::time::{Duration, Instant};
 
     use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
-    use madsim_rdkafka::error::KafkaError;
+    use madsim_rdkafka::error::{KafkaError, RDKafkaErrorCode};
     use madsim_rdkafka::message::BorrowedMessage;
     use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
     use unimesh_core::{Offset, Partition};
@@ -135,6 +243,9 @@ mod probe {
         let e = unsafe { madsim_rdkafka::bindings::rd_kafka_message_leader_epoch(m.ptr()) };
         (e >= 0).then_some(e)
     }
+
+    /// How long a probe's read may stay silent before the probe's own fetch answers judge it.
+    const QUIET: Duration = Duration::from_millis(500);
 
     /// At most this many leftovers of an earlier probe are drained before a probe.
     const MAX_STALE_POLLS: usize = 10_000;
@@ -167,17 +278,79 @@ mod probe {
         }
 
         /// The first record at or after `from` in `topic`/`partition`, read before `end`
-        /// (the log's end: nothing is read from there).
+        /// (the log's end: nothing is read from there), looking back where the broker's
+        /// answer may have skipped records ([`super::read_looking_back`]; never below
+        /// `earliest`). With no `end` (a claimed end is being checked,
+        /// `super::evident_end`) the read is unbounded, and a broker that answers "offset
+        /// out of range" says no record is there.
         pub fn first_at(
             &self,
             topic: &str,
             partition: Partition,
             from: Offset,
-            end: Offset,
+            earliest: Offset,
+            end: Option<Offset>,
         ) -> Result<FirstRecord, String> {
-            if from >= end {
+            if end.is_some_and(|end| from >= end) {
                 return Ok(None);
             }
+            Ok(self.read(topic, partition, from, earliest, end)?.hit)
+        }
+
+        /// [`super::read_looking_back`] through this probe: where to read from so that
+        /// the stream holds every record at or after `from`, and the first of them.
+        pub fn read(
+            &self,
+            topic: &str,
+            partition: Partition,
+            from: Offset,
+            earliest: Offset,
+            end: Option<Offset>,
+        ) -> Result<super::Read, String> {
+            super::read_looking_back(from, earliest, |at, target| {
+                self.scan(topic, partition, at, target, earliest, end.is_none())
+            })
+        }
+
+        /// The partition's high watermark as the last fetch answer of this probe gave it
+        /// (librdkafka's cache; `None` before any answer).
+        fn fetched_high(&self, topic: &str, partition: Partition) -> Option<i64> {
+            let topic = std::ffi::CString::new(topic).ok()?;
+            let (mut low, mut high) = (-1i64, -1i64);
+            // SAFETY: the handle is this probe's live consumer; `topic` is a valid C
+            // string for the call; the call only writes the two integers.
+            let err = unsafe {
+                madsim_rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                    self.consumer.client().native_client().ptr(),
+                    topic.as_ptr(),
+                    partition as i32,
+                    &mut low,
+                    &mut high,
+                )
+            };
+            (err == madsim_rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+                .then_some(high)
+        }
+
+        /// Reads `topic`/`partition` from `from`: the first record read, and the first
+        /// record at or after `target` with its leader epoch. `unbounded`: an "offset out
+        /// of range" answer reads as no record.
+        ///
+        /// A read that stays silent for [`QUIET`] is judged by the high watermark of the
+        /// probe's own fetch answers: at or past it, no record follows (tansu answers a
+        /// fetch past its end with nothing, not "out of range"); below it, the broker
+        /// skipped what lies there (tansu answers a read from inside the last batch with
+        /// nothing), which reads as nothing read, so the caller looks back — except from
+        /// the log's earliest, where there is no further back: an error, never a verdict.
+        fn scan(
+            &self,
+            topic: &str,
+            partition: Partition,
+            from: Offset,
+            target: Offset,
+            earliest: Offset,
+            unbounded: bool,
+        ) -> Result<(Option<Offset>, FirstRecord), String> {
             // Whatever an earlier probe left queued is not an answer to this one
             // (librdkafka drops what an unassign outdated; this makes sure, bounded).
             for _ in 0..MAX_STALE_POLLS {
@@ -192,6 +365,8 @@ mod probe {
                 .assign(&tpl)
                 .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
             let deadline = Instant::now() + self.timeout;
+            let mut first = None;
+            let mut quiet_since = Instant::now();
             let answer = loop {
                 if Instant::now() > deadline {
                     break Err(format!(
@@ -200,9 +375,35 @@ mod probe {
                     ));
                 }
                 match self.consumer.poll(Duration::from_millis(20)) {
+                    None if quiet_since.elapsed() >= QUIET => {
+                        match self.fetched_high(topic, partition) {
+                            Some(high) if from as i64 >= high => break Ok((first, None)),
+                            Some(_) if first.is_none() && from > earliest => {
+                                break Ok((None, None))
+                            }
+                            Some(high) if first.is_none() => {
+                                break Err(format!(
+                                    "leader-epoch probe of {topic}/{partition} at {from}: the broker returns nothing below its high watermark {high}"
+                                ))
+                            }
+                            _ => {}
+                        }
+                    }
                     None => {}
                     Some(Err(KafkaError::PartitionEOF(p))) if p == partition as i32 => {
-                        break Ok(None)
+                        break Ok((first, None))
+                    }
+                    Some(Err(e))
+                        if unbounded
+                            && matches!(
+                                e.rdkafka_error_code(),
+                                Some(
+                                    RDKafkaErrorCode::AutoOffsetReset
+                                        | RDKafkaErrorCode::OffsetOutOfRange
+                                )
+                            ) =>
+                    {
+                        break Ok((first, None))
                     }
                     Some(Err(e)) => {
                         break Err(format!(
@@ -215,7 +416,12 @@ mod probe {
                             && m.partition() == partition as i32
                             && m.offset() >= from as i64 =>
                     {
-                        break Ok(Some((m.offset() as Offset, leader_epoch(&m))));
+                        let o = m.offset() as Offset;
+                        first.get_or_insert(o);
+                        quiet_since = Instant::now();
+                        if o >= target {
+                            break Ok((first, Some((o, leader_epoch(&m)))));
+                        }
                     }
                     Some(Ok(_)) => {}
                 }
@@ -358,6 +564,190 @@ mod tests {
         // Earliest 4, every record of epoch 2: the search stops at earliest.
         let mut log = Log::new(&epochs(4, 10, 2));
         assert_eq!(log.check(Some(1), 4, 10), Some(4));
+    }
+
+    /// What [`evident_end`] makes of a claimed end over this log, and the reads it took.
+    fn evident(
+        of: &[(Offset, Option<i32>)],
+        claimed: Offset,
+        known_end: Offset,
+    ) -> (EvidentEnd, usize) {
+        let mut log = Log::new(of);
+        let e = evident_end(claimed, known_end, |o| log.first_at(o)).expect("no error");
+        (e, log.reads)
+    }
+
+    /// Goal: a broker's end below what the lane knows is taken only once the log confirms
+    /// it (issue 18: tansu claimed 1 after one batch of 10, and the lane dropped 2..10).
+    /// Method: the same claims over logs that hold the tail, hold part of it, and lost it;
+    /// a claim at or above what the lane knows costs no read.
+    #[test]
+    fn an_end_below_what_the_lane_knows_needs_the_log_to_confirm_it() {
+        let ten = epochs(0, 10, 0);
+        // tansu's claim after one batch of ten: refuted by the record at 9, one read.
+        assert_eq!(
+            evident(&ten, 1, 10),
+            (
+                EvidentEnd {
+                    end: 10,
+                    refuted: true
+                },
+                1
+            )
+        );
+        // The log holds more than the lane knew: the end is at least past that record.
+        assert_eq!(
+            evident(&ten, 1, 5).0,
+            EvidentEnd {
+                end: 5,
+                refuted: true
+            }
+        );
+        // A claim at or above what the lane knows: as claimed, nothing read.
+        assert_eq!(
+            evident(&ten, 10, 10),
+            (
+                EvidentEnd {
+                    end: 10,
+                    refuted: false
+                },
+                0
+            )
+        );
+        assert_eq!(
+            evident(&[], 0, 0),
+            (
+                EvidentEnd {
+                    end: 0,
+                    refuted: false
+                },
+                0
+            )
+        );
+        // Really cut back to 6: confirmed, and the lane forgets from 6.
+        let six = epochs(0, 6, 0);
+        assert_eq!(
+            evident(&six, 6, 10).0,
+            EvidentEnd {
+                end: 6,
+                refuted: false
+            }
+        );
+        // Cut back to 6, claimed 2: the log shows 6.
+        let (e, reads) = evident(&six, 2, 10);
+        assert_eq!(
+            e,
+            EvidentEnd {
+                end: 6,
+                refuted: true
+            }
+        );
+        assert!(reads <= 5, "{reads} reads");
+        // Every claim below the end of a log that lost its tail at 6 finds 6.
+        for claimed in 0..=6 {
+            assert_eq!(evident(&six, claimed, 10).0.end, 6, "claimed {claimed}");
+        }
+        // An empty log confirms any claim.
+        assert_eq!(
+            evident(&[], 0, 10).0,
+            EvidentEnd {
+                end: 0,
+                refuted: false
+            }
+        );
+    }
+
+    /// A broker that answers a read from inside a batch with the next batch (tansu
+    /// 0.6.0): `scan(from, target)` over batches of records.
+    fn batched_scan<'a>(
+        batches: &'a [(Offset, Offset)],
+        reads: &'a mut usize,
+    ) -> impl FnMut(Offset, Offset) -> Result<(Option<Offset>, FirstRecord), ()> + 'a {
+        move |from, target| {
+            *reads += 1;
+            // The first batch whose base is at or above `from`, and every batch after it.
+            let records: Vec<Offset> = batches
+                .iter()
+                .filter(|(base, _)| *base >= from)
+                .flat_map(|&(base, end)| base..end)
+                .collect();
+            let first = records.first().copied();
+            let hit = records
+                .iter()
+                .find(|&&r| r >= target)
+                .map(|&r| (r, Some(0)));
+            Ok((first, hit))
+        }
+    }
+
+    /// Goal: a read from inside a batch that the broker answers with the next batch does
+    /// not make the rest of the batch absent (issue 18, tansu); a real gap stays a gap.
+    /// Method: batches [0, 10), [10, 20), [25, 26) read from every offset, against the
+    /// record that is really first at or after it.
+    #[test]
+    fn a_read_from_inside_a_batch_looks_back_before_taking_a_gap() {
+        let batches = [(0, 10), (10, 20), (25, 26)];
+        for o in 0..27 {
+            let mut reads = 0;
+            let read =
+                read_looking_back(o, 0, batched_scan(&batches, &mut reads)).expect("no error");
+            let got = read.hit.map(|(r, _)| r);
+            // Reading on from where it read gives the same answer.
+            let mut again = 0;
+            let (_, from_there) =
+                batched_scan(&batches, &mut again)(read.from, o).expect("no error");
+            assert_eq!(from_there.map(|(r, _)| r), got, "read from {}", read.from);
+            let want = match o {
+                0..=19 => Some(o),
+                20..=25 => Some(25),
+                _ => None,
+            };
+            assert_eq!(got, want, "first record at or after {o}");
+            assert!(reads <= 6, "{reads} reads from {o}");
+        }
+        // A batch start costs one read, and reads from there.
+        let mut reads = 0;
+        let read = read_looking_back(10, 0, batched_scan(&batches, &mut reads));
+        assert_eq!(
+            read,
+            Ok(Read {
+                from: 10,
+                hit: Some((10, Some(0)))
+            })
+        );
+        assert_eq!(reads, 1);
+        // Inside the last batch nothing comes from there; the batch is found behind.
+        let batches = [(5, 12)];
+        let mut reads = 0;
+        let read = read_looking_back(8, 5, batched_scan(&batches, &mut reads));
+        assert_eq!(
+            read,
+            Ok(Read {
+                from: 5,
+                hit: Some((8, Some(0)))
+            })
+        );
+        // A whole-batch broker at the log's end: one read more, from just before it.
+        let whole: Vec<(Offset, Offset)> = (0..10).map(|o| (o, o + 1)).collect();
+        let mut reads = 0;
+        let read = read_looking_back(10, 0, batched_scan(&whole, &mut reads));
+        assert_eq!(read, Ok(Read { from: 9, hit: None }));
+        assert_eq!(reads, 2);
+    }
+
+    #[test]
+    fn look_backs_double_and_stop_at_the_earliest() {
+        let steps: Vec<Offset> = (0..6)
+            .map_while(|i| look_back_from(100, 1 << i, 90))
+            .collect();
+        assert_eq!(steps, vec![99, 98, 96, 92, 90]);
+        assert_eq!(look_back_from(5, 1, 5), None);
+        assert_eq!(look_back_from(0, 1, 0), None);
+        assert_eq!(
+            look_back_from(3, 8, 0),
+            None,
+            "the read from 0 was the last"
+        );
     }
 
     /// Goal: a read error is the caller's, never a verdict.

@@ -40,6 +40,9 @@ pub struct KafkaCounters {
     pub commit_failures: AtomicU64,
     pub progress_ranges_dropped: AtomicU64,
     pub log_divergences: AtomicU64,
+    pub end_anomalies: AtomicU64,
+    pub gaps_refuted: AtomicU64,
+    pub progress_read_retries: AtomicU64,
 }
 
 /// The Kafka cluster as the engine's log: a shared idempotent producer, topic creation, end
@@ -64,6 +67,11 @@ pub(super) struct Inner {
     topics: Mutex<BTreeMap<TopicName, u32>>,
     /// (earliest, end) per partition as last read from the broker (for lag and views).
     ends: Mutex<BTreeMap<(TopicName, Partition), (Offset, Offset)>>,
+    /// Per partition, the end its log was shown to reach: past every record handed to the
+    /// core, or found by a read that refuted a lower claim. A broker's end is a claim
+    /// (tansu 0.6.0 claims the start of the last batch plus one): lag and the checks use
+    /// the higher of the two, and only a read that confirms a lower end lowers this.
+    shown: Mutex<BTreeMap<(TopicName, Partition), Offset>>,
     groups: Mutex<BTreeMap<GroupName, Arc<GroupConsumer>>>,
     events: Mutex<Option<mpsc::Sender<GroupEvent>>>,
     #[cfg(not(madsim))]
@@ -145,6 +153,7 @@ impl KafkaLog {
                 creating: tokio::sync::Mutex::new(()),
                 topics: Mutex::new(BTreeMap::new()),
                 ends: Mutex::new(BTreeMap::new()),
+                shown: Mutex::new(BTreeMap::new()),
                 groups: Mutex::new(BTreeMap::new()),
                 events: Mutex::new(None),
                 #[cfg(not(madsim))]
@@ -322,9 +331,22 @@ impl KafkaLog {
         Ok(pair)
     }
 
-    /// (earliest, end) of a partition as last read, without asking the broker.
-    #[cfg(not(madsim))]
+    /// (earliest, end) of a partition as last read, without asking the broker, the end
+    /// raised to what the log was shown to hold ([`Self::show_end`]).
     pub(super) fn cached_offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Option<(Offset, Offset)> {
+        let key = (topic.clone(), partition);
+        let (earliest, end) = lock(&self.inner.ends).get(&key).copied()?;
+        let shown = lock(&self.inner.shown).get(&key).copied().unwrap_or(0);
+        Some((earliest, end.max(shown)))
+    }
+
+    /// (earliest, end) of a partition as the broker last claimed them.
+    #[cfg(not(madsim))]
+    pub(super) fn claimed_offsets(
         &self,
         topic: &TopicName,
         partition: Partition,
@@ -332,6 +354,22 @@ impl KafkaLog {
         lock(&self.inner.ends)
             .get(&(topic.clone(), partition))
             .copied()
+    }
+
+    /// The log of `partition` was shown to reach `end` (records read up to it, or a read
+    /// past a claim); `confirmed`: a read confirmed that it ends there (a lost tail), so
+    /// what was shown before no longer holds.
+    #[cfg_attr(madsim, allow(dead_code))]
+    pub(super) fn show_end(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+        end: Offset,
+        confirmed: bool,
+    ) {
+        let mut shown = lock(&self.inner.shown);
+        let e = shown.entry((topic.clone(), partition)).or_insert(end);
+        *e = if confirmed { end } else { (*e).max(end) };
     }
 
     /// Reads every known partition's end offsets every `every` (lag in views and metrics).
@@ -522,7 +560,7 @@ impl LogPort for KafkaLog {
     }
 
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        if let Some(&pair) = lock(&self.inner.ends).get(&(topic.clone(), partition)) {
+        if let Some(pair) = self.cached_offsets(topic, partition) {
             return Ok(pair);
         }
         #[cfg(not(madsim))]
@@ -556,6 +594,9 @@ impl LogPort for KafkaLog {
                 commit_failures: c.commit_failures.load(Ordering::Relaxed),
                 progress_ranges_dropped: c.progress_ranges_dropped.load(Ordering::Relaxed),
                 log_divergences: c.log_divergences.load(Ordering::Relaxed),
+                end_anomalies: c.end_anomalies.load(Ordering::Relaxed),
+                gaps_refuted: c.gaps_refuted.load(Ordering::Relaxed),
+                progress_read_retries: c.progress_read_retries.load(Ordering::Relaxed),
             }),
         })
     }

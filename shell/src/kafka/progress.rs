@@ -100,6 +100,14 @@ use crate::state::{DlqEntry, Loaded};
 /// module documentation: a key must never be in two partitions).
 pub(super) const HOME_PARTITION: i32 = 0;
 
+/// The key prefix of a reader's sync marker: a record an instance writes to the home
+/// partition before it reads the topic for an assignment, and reads up to. A broker's end
+/// offset is a claim (tansu 0.6.0 claims the start of the partition's last batch plus one,
+/// below records it holds): the marker's own offset, from its delivery report, is where
+/// every record acknowledged before it is known to lie below. Readers skip these keys
+/// (one per instance, so compaction keeps one each).
+pub(super) const SYNC_KEY_PREFIX: &str = "\u{1}sync\n";
+
 /// The coordinator generation in which a progress record's writer was given the lane;
 /// `None` when the client reported none (ranks below every generation).
 pub(super) type OwnerGen = Option<i32>;
@@ -287,6 +295,9 @@ impl ReaderState {
         let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
             return;
         };
+        if key.starts_with(SYNC_KEY_PREFIX) {
+            return;
+        }
         let home = m.partition() == HOME_PARTITION;
         let (headers, payload) = super::records::incoming(m);
         let leader_epoch =
@@ -309,6 +320,9 @@ impl ReaderState {
     /// an ownership generation, or its deletion (`None`); `home` when it was read from
     /// [`HOME_PARTITION`].
     fn absorb(&mut self, home: bool, key: &str, value: Option<Stored>) {
+        if key.starts_with(SYNC_KEY_PREFIX) {
+            return;
+        }
         let Some((lane, gen)) = parse_progress_key(key) else {
             tracing::warn!(%key, "progress record with a foreign key ignored");
             return;
@@ -463,8 +477,9 @@ impl ProgressReader {
     /// a reader given them in generation `reader` with the group's committed offsets
     /// `committed` ([`choose`]: the floor of each partition), read after catching up with
     /// the topic's end (so a write acknowledged before this call, by any instance, is
-    /// seen). Blocks its thread while polling: call it from a thread of its own (the
-    /// consumer thread).
+    /// seen; `home_past`: the home partition is read at least up to this offset, a sync
+    /// marker's, [`SYNC_KEY_PREFIX`]). Blocks its thread while polling: call it from a
+    /// thread of its own (the consumer thread).
     pub async fn latest(
         &self,
         group: &GroupName,
@@ -472,9 +487,10 @@ impl ProgressReader {
         partitions: &[Partition],
         reader: OwnerGen,
         committed: &BTreeMap<Partition, Offset>,
+        home_past: Option<i64>,
     ) -> Result<BTreeMap<Partition, Chosen>, String> {
         let mut st = self.state.lock().await;
-        self.catch_up(&mut st).await?;
+        self.catch_up(&mut st, home_past).await?;
         Ok(partitions
             .iter()
             .filter_map(|&p| {
@@ -485,7 +501,7 @@ impl ProgressReader {
             .collect())
     }
 
-    async fn catch_up(&self, st: &mut ReaderState) -> Result<(), String> {
+    async fn catch_up(&self, st: &mut ReaderState, home_past: Option<i64>) -> Result<(), String> {
         let count = match st.assigned {
             Some(n) => n,
             None => {
@@ -520,6 +536,10 @@ impl ProgressReader {
                 .fetch_watermarks(&self.topic, p, self.timeout)
                 .await
                 .map_err(|e| format!("progress topic offsets: {e}"))?;
+            let hi = match home_past {
+                Some(past) if p == HOME_PARTITION => hi.max(past + 1),
+                _ => hi,
+            };
             highs.insert(p, hi);
         }
         self.read_up_to(st, &highs).await
