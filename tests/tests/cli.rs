@@ -238,6 +238,11 @@ fn publish_from_a_file_subscribe_json_max_n_acks_them_and_offsets_show_lag_0() {
     );
     exits(&out, 0, "publish --file");
     assert_eq!(stdout(&out).trim(), "accepted 5, refused 0");
+    assert_eq!(
+        stderr(&out),
+        "",
+        "no progress bar when stderr is not a terminal"
+    );
 
     let out = client(&s, &["subscribe", "cli-g", "--json", "--max", "5"], None);
     exits(&out, 0, "subscribe --json --max 5");
@@ -550,5 +555,68 @@ fn the_token_is_sent_as_bearer_and_a_rate_limited_publish_is_retried() {
     assert!(
         !stderr(&out).contains("s3cret"),
         "the token is never printed"
+    );
+}
+
+/// Runs `command` (a shell command line) on a pseudo-terminal through util-linux `script`,
+/// so the binary's stdout and stderr are a terminal; what the terminal showed.
+fn on_a_terminal(command: &str) -> (Option<i32>, String) {
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", command, "/dev/null"])
+        .env_remove("UNIMESH_SERVER")
+        .env_remove("UNIMESH_ADMIN_URL")
+        .env_remove("UNIMESH_TOKEN")
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("util-linux `script` runs (it is in Debian's bsdutils): {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Goal: on a terminal, `publish` draws a progress bar and `subscribe` a live line that ends
+/// as the closing count. Method: both run on a pseudo-terminal (`script`); the terminal's
+/// output holds the bar (bytes of the file read) and the count, and the events arrive.
+#[test]
+fn on_a_terminal_publish_draws_a_progress_bar_and_subscribe_a_live_count() {
+    let s = Server::start_default();
+    s.subscribe("tty-g", &json!({"topic": "tty-t", "ackTimeoutMs": 60000}));
+    let events: Vec<Value> = (0..50)
+        .map(|i| {
+            event(
+                &format!("t{i}"),
+                "cli.test",
+                json!({ "n": i, "pad": "x".repeat(100) }),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(&file, lines_of(&events)).expect("write events");
+    let bin = unimesh_bin().display().to_string();
+    let server = format!("http://{}", s.http_addr());
+
+    let (code, screen) = on_a_terminal(&format!(
+        "'{bin}' publish tty-t --file '{}' --batch 10 --server {server}",
+        file.display()
+    ));
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.contains("accepted 50, refused 0"), "{screen}");
+    assert!(
+        screen.contains("KiB/") && screen.contains('\u{2588}'),
+        "a bar of the bytes read: {screen:?}"
+    );
+
+    let (code, screen) = on_a_terminal(&format!(
+        "'{bin}' subscribe tty-g --max 3 --server {server}"
+    ));
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.contains("tty-g: received 3, ACKed 3"), "{screen:?}");
+    assert_eq!(
+        screen.matches("cli.test t").count(),
+        3,
+        "three deliveries printed: {screen:?}"
     );
 }

@@ -212,7 +212,8 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
             break Ok(());
         }
     };
-    live.finish_and_clear();
+    // The live line stays as the closing count (stderr, a terminal only).
+    live.finish_with_message(format!("{}: received {received}, ACKed {acked}", a.group));
     result
 }
 
