@@ -201,7 +201,7 @@ impl Client {
 
     /// Opens a streaming GET (Server-Sent Events): on 200 the body as a reader, otherwise
     /// the server's error.
-    pub fn stream(&self, api: Api, path: &str) -> Result<impl Read, Failure> {
+    pub fn stream(&self, api: Api, path: &str) -> Result<impl Read + Send + 'static, Failure> {
         let url = self.url(api, path);
         let what = format!("GET {url}");
         let mut response = self.send(

@@ -3,8 +3,14 @@
 //! printed (`--no-ack` leaves it to time out and come again). `--json` prints each delivery
 //! as the server sent it, one per line; `--max N` stops after N. On a terminal a live line
 //! on stderr counts what was received and ACKed.
+//!
+//! A thread reads the stream into a bounded queue; the printing loop ACKs what it printed
+//! whenever the queue is empty (before it waits for more), or every [`MAX_ACK_BATCH`]
+//! deliveries: one ACK request per burst instead of one per delivery, and never an ACK held
+//! back while the stream is quiet.
 
 use std::io::{BufRead, BufReader, IsTerminal as _, Read};
+use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -16,6 +22,10 @@ use super::{print_line, Common, Failure};
 /// The longest SSE line read (a delivery carries one event: the server's
 /// `limits.max_event_bytes`, 1 MiB by default, grows in JSON).
 const MAX_LINE_BYTES: u64 = 16 << 20;
+/// Deliveries ACKed by one request at most.
+const MAX_ACK_BATCH: usize = 100;
+/// Events read ahead of the printing loop.
+const READ_AHEAD: usize = 256;
 
 #[derive(Args, Debug)]
 pub struct SubscribeArgs {
@@ -101,6 +111,52 @@ impl<R: BufRead> SseReader<R> {
     }
 }
 
+/// Reads the stream's events on a thread into a bounded queue (the thread ends with the
+/// stream, or when the queue's reader is gone).
+fn read_ahead(body: impl Read + Send + 'static) -> Receiver<std::io::Result<Option<SseEvent>>> {
+    let (tx, rx) = sync_channel(READ_AHEAD);
+    std::thread::spawn(move || {
+        let mut events = SseReader::new(BufReader::new(body));
+        loop {
+            let next = events.next_event();
+            let last = !matches!(next, Ok(Some(_)));
+            if tx.send(next).is_err() || last {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The delivery ids printed and not yet ACKed, and the count ACKed so far.
+struct Acks<'a> {
+    client: &'a Client,
+    path: String,
+    pending: Vec<String>,
+    acked: u64,
+}
+
+impl Acks<'_> {
+    /// ACKs the pending ids in one request; refused ones are reported on stderr.
+    fn flush(&mut self, live: &ProgressBar) -> Result<(), Failure> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.pending);
+        let answer = self
+            .client
+            .post_json(Api::Traffic, &self.path, &json!({ "deliveryIds": ids }))?
+            .ok()?;
+        self.acked += answer["acked"].as_u64().unwrap_or(0);
+        for r in answer["rejected"].as_array().into_iter().flatten() {
+            let id = r["deliveryId"].as_str().unwrap_or("?");
+            let why = r["reason"].as_str().unwrap_or("refused");
+            live.suspend(|| eprintln!("unimesh: ACK of {id} refused: {why}"));
+        }
+        Ok(())
+    }
+}
+
 /// A delivery as one line of text: `partition/offset #attempt type id data`.
 fn describe(d: &Value) -> String {
     let e = &d["event"];
@@ -139,7 +195,7 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let body = client.stream(Api::Traffic, &path)?;
-    let mut events = SseReader::new(BufReader::new(body));
+    let events = read_ahead(body);
     let live = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
         if let Ok(style) = ProgressStyle::with_template("{spinner} {msg}") {
@@ -150,9 +206,29 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
     } else {
         ProgressBar::hidden()
     };
-    let (mut received, mut acked) = (0u64, 0u64);
+    let mut acks = Acks {
+        client: &client,
+        path: ack_path,
+        pending: Vec::new(),
+        acked: 0,
+    };
+    let mut received = 0u64;
     let result = loop {
-        let event = match events.next_event() {
+        let next = match events.try_recv() {
+            Ok(next) => next,
+            Err(TryRecvError::Empty) => {
+                // Nothing more has arrived: ACK what was printed before waiting.
+                if let Err(f) = acks.flush(&live) {
+                    break Err(f);
+                }
+                match events.recv() {
+                    Ok(next) => next,
+                    Err(_) => Ok(None),
+                }
+            }
+            Err(TryRecvError::Disconnected) => Ok(None),
+        };
+        let event = match next {
             Ok(Some(e)) => e,
             Ok(None) => {
                 break Err(Failure::Unreachable(format!(
@@ -190,28 +266,28 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
                 .as_str()
                 .or(event.id.as_deref())
                 .unwrap_or_default();
-            let answer = match client
-                .post_json(Api::Traffic, &ack_path, &json!({ "deliveryIds": [id] }))
-                .and_then(|a| a.ok())
-            {
-                Ok(v) => v,
-                Err(f) => break Err(f),
-            };
-            let ok = answer["acked"].as_u64().unwrap_or(0);
-            acked += ok;
-            if ok == 0 {
-                let why = answer["rejected"][0]["reason"]
-                    .as_str()
-                    .unwrap_or("refused");
-                live.suspend(|| eprintln!("unimesh: ACK of {id} refused: {why}"));
+            acks.pending.push(id.to_owned());
+            if acks.pending.len() >= MAX_ACK_BATCH {
+                if let Err(f) = acks.flush(&live) {
+                    break Err(f);
+                }
             }
         }
-        live.set_message(format!("{}: received {received}, ACKed {acked}", a.group));
+        live.set_message(format!(
+            "{}: received {received}, ACKed {}",
+            a.group, acks.acked
+        ));
         live.tick();
         if a.max.is_some_and(|m| received >= m) {
             break Ok(());
         }
     };
+    // What was printed is ACKed, however the loop ended.
+    let result = match (result, acks.flush(&live)) {
+        (Ok(()), Err(f)) => Err(f),
+        (r, _) => r,
+    };
+    let acked = acks.acked;
     // The live line stays as the closing count (stderr, a terminal only).
     live.finish_with_message(format!("{}: received {received}, ACKed {acked}", a.group));
     result
