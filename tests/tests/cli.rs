@@ -431,9 +431,10 @@ fn an_unreachable_server_exits_3_and_usage_errors_exit_2() {
 }
 
 /// Goal: the operator's commands over the admin API. Method: a group with one attempt
-/// dead-letters a NACKed event; `groups` lists it, `dlq browse` shows the dead letter,
-/// `dlq replay` delivers it again, `seek` moves the partition back to 0 (everything is
-/// delivered again), and a group that does not exist is the server's 404 in one line.
+/// dead-letters the event `subscribe --nack` NACKs; `groups` lists it, `dlq browse` shows
+/// the dead letter, `dlq replay` delivers it again, `seek` moves the partition back to 0
+/// (everything is delivered again), and a group that does not exist is the server's 404 in
+/// one line.
 #[test]
 fn groups_dlq_browse_and_replay_and_seek_drive_the_admin_api() {
     let s = Server::start_default();
@@ -445,8 +446,10 @@ fn groups_dlq_browse_and_replay_and_seek_drive_the_admin_api() {
         &s.publish_structured("ops-t", &event("o1", "cli.test", json!(1))),
         1,
     );
-    let d = s.poll_n("ops-g", "c", 1, std::time::Duration::from_secs(60));
-    s.nack("ops-g", &[&d[0].id], None).all_ok(1);
+    // `subscribe --nack` NACKs what it prints: with one attempt, a dead letter.
+    let out = client(&s, &["subscribe", "ops-g", "--nack", "--max", "1"], None);
+    exits(&out, 0, "subscribe --nack");
+    assert!(stdout(&out).contains("cli.test o1"), "{}", stdout(&out));
     unimesh_tests::wait_for(
         "the dead letter",
         std::time::Duration::from_secs(60),

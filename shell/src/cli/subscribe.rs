@@ -1,8 +1,9 @@
 //! `unimesh subscribe GROUP`: tails a group over Server-Sent Events
 //! (`GET /v1/subscriptions/{group}/stream?client=ID`), prints each delivery and ACKs it once
-//! printed (`--no-ack` leaves it to time out and come again). `--json` prints each delivery
-//! as the server sent it, one per line; `--max N` stops after N. On a terminal a live line
-//! on stderr counts what was received and ACKed.
+//! printed (`--nack` NACKs it instead, so it comes again after the group's backoff;
+//! `--no-ack` leaves it to time out). `--json` prints each delivery as the server sent it,
+//! one per line; `--max N` stops after N. On a terminal a live line on stderr counts what
+//! was received and settled, with the group's lag (read at most once a second).
 //!
 //! A thread reads the stream into a bounded queue; the printing loop ACKs what it printed
 //! whenever the queue is empty (before it waits for more), or every [`MAX_ACK_BATCH`]
@@ -10,7 +11,8 @@
 //! back while the stream is quiet.
 
 use std::io::{BufRead, BufReader, IsTerminal as _, Read};
-use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -26,6 +28,8 @@ const MAX_LINE_BYTES: u64 = 16 << 20;
 const MAX_ACK_BATCH: usize = 100;
 /// Events read ahead of the printing loop.
 const READ_AHEAD: usize = 256;
+/// How often the live line reads the group's lag.
+const LAG_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug)]
 pub struct SubscribeArgs {
@@ -35,8 +39,12 @@ pub struct SubscribeArgs {
     #[arg(long, value_name = "ID")]
     client: Option<String>,
     /// Do not ACK: deliveries time out and are delivered again.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "nack")]
     no_ack: bool,
+    /// NACK each delivery once printed instead of ACKing it (it comes again after the
+    /// group's backoff, and goes to the DLQ after its maxAttempts).
+    #[arg(long)]
+    nack: bool,
     /// Stop after this many deliveries.
     #[arg(long, value_name = "N")]
     max: Option<u64>,
@@ -128,11 +136,44 @@ fn read_ahead(body: impl Read + Send + 'static) -> Receiver<std::io::Result<Opti
     rx
 }
 
+/// The group's lag for the live line, read over the traffic API at most once a second and
+/// only while the line is shown.
+struct Lag {
+    /// `/v1/subscriptions/{group}`.
+    path: String,
+    /// `, lag N` once read.
+    text: String,
+    read_at: Instant,
+}
+
+impl Lag {
+    /// Reads the lag again if it is time; whether it was read.
+    fn refresh(&mut self, client: &Client, live: &ProgressBar) -> bool {
+        if live.is_hidden() || self.read_at.elapsed() < LAG_EVERY {
+            return false;
+        }
+        self.read_at = Instant::now();
+        let lag = client
+            .get(Api::Traffic, &self.path)
+            .and_then(|a| a.ok())
+            .ok()
+            .and_then(|v| v["lag"].as_u64());
+        if let Some(n) = lag {
+            self.text = format!(", lag {n}");
+        }
+        lag.is_some()
+    }
+}
+
 /// The delivery ids printed and not yet ACKed, and the count ACKed so far.
 struct Acks<'a> {
     client: &'a Client,
+    /// `…/ack` or `…/nack`.
     path: String,
+    /// `ACK` or `NACK`, for messages.
+    verb: &'static str,
     pending: Vec<String>,
+    /// Ids the server took (`acked` in its answer, for a NACK too).
     acked: u64,
 }
 
@@ -151,7 +192,8 @@ impl Acks<'_> {
         for r in answer["rejected"].as_array().into_iter().flatten() {
             let id = r["deliveryId"].as_str().unwrap_or("?");
             let why = r["reason"].as_str().unwrap_or("refused");
-            live.suspend(|| eprintln!("unimesh: ACK of {id} refused: {why}"));
+            let verb = self.verb;
+            live.suspend(|| eprintln!("unimesh: {verb} of {id} refused: {why}"));
         }
         Ok(())
     }
@@ -190,7 +232,9 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
         segment(&a.group),
         segment(&me)
     );
-    let ack_path = format!("/v1/subscriptions/{}/ack", segment(&a.group));
+    let verb = if a.nack { "nack" } else { "ack" };
+    let ack_path = format!("/v1/subscriptions/{}/{verb}", segment(&a.group));
+    let group_path = format!("/v1/subscriptions/{}", segment(&a.group));
     if a.max == Some(0) {
         return Ok(());
     }
@@ -209,10 +253,17 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
     let mut acks = Acks {
         client: &client,
         path: ack_path,
+        verb: if a.nack { "NACK" } else { "ACK" },
         pending: Vec::new(),
         acked: 0,
     };
     let mut received = 0u64;
+    let settled = if a.nack { "NACKed" } else { "ACKed" };
+    let mut lag = Lag {
+        path: group_path,
+        text: String::new(),
+        read_at: Instant::now(),
+    };
     let result = loop {
         let next = match events.try_recv() {
             Ok(next) => next,
@@ -221,9 +272,19 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
                 if let Err(f) = acks.flush(&live) {
                     break Err(f);
                 }
-                match events.recv() {
-                    Ok(next) => next,
-                    Err(_) => Ok(None),
+                loop {
+                    match events.recv_timeout(LAG_EVERY) {
+                        Ok(next) => break next,
+                        Err(RecvTimeoutError::Timeout) => {
+                            if lag.refresh(&client, &live) {
+                                live.set_message(format!(
+                                    "{}: received {received}, {settled} {}{}",
+                                    a.group, acks.acked, lag.text
+                                ));
+                            }
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break Ok(None),
+                    }
                 }
             }
             Err(TryRecvError::Disconnected) => Ok(None),
@@ -273,9 +334,10 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
                 }
             }
         }
+        lag.refresh(&client, &live);
         live.set_message(format!(
-            "{}: received {received}, ACKed {}",
-            a.group, acks.acked
+            "{}: received {received}, {settled} {}{}",
+            a.group, acks.acked, lag.text
         ));
         live.tick();
         if a.max.is_some_and(|m| received >= m) {
@@ -289,7 +351,10 @@ pub fn run(a: &SubscribeArgs) -> Result<(), Failure> {
     };
     let acked = acks.acked;
     // The live line stays as the closing count (stderr, a terminal only).
-    live.finish_with_message(format!("{}: received {received}, ACKed {acked}", a.group));
+    live.finish_with_message(format!(
+        "{}: received {received}, {settled} {acked}{}",
+        a.group, lag.text
+    ));
     result
 }
 
