@@ -3,6 +3,8 @@
 //! `unimesh serve` (also plain `unimesh`) runs the mesh on the embedded default: data in
 //! `./data`, traffic API on 127.0.0.1:8080, admin API on 127.0.0.1:8081. Configuration comes
 //! from flags, `UNIMESH_*` environment variables and a TOML file (see `config.rs`).
+//! The other subcommands (`publish`, `subscribe`, `groups`, `offsets`, `dlq`, `seek`) are a
+//! client of a running server (`cli/`).
 //! SIGINT or SIGTERM stops it gracefully: no new connections, open requests get the grace
 //! period, the engine flushes its progress; a second signal exits at once.
 
@@ -11,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod cli;
 
 use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -40,6 +44,8 @@ struct Cli {
 enum Command {
     /// Run the mesh (the default).
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(cli::Command),
 }
 
 #[derive(Args, Debug, Default, Clone)]
@@ -72,6 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Serve(args)) => args,
+        Some(Command::Client(command)) => return cli::run(command),
         None => cli.serve,
     };
     let env = match environment() {
@@ -137,7 +144,8 @@ fn environment() -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     for (k, v) in std::env::vars_os() {
         let Some(k) = k.to_str() else { continue };
-        if !k.starts_with(ENV_PREFIX) {
+        // The client subcommands' variables are not settings of the server.
+        if !k.starts_with(ENV_PREFIX) || cli::ENV.contains(&k) {
             continue;
         }
         let v = v

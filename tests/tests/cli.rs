@@ -1,10 +1,17 @@
-//! The command line without a server: `--print-config` shows the merged configuration
+//! The command line. Without a server: `--print-config` shows the merged configuration
 //! (flag > environment > file > default), and a bad configuration stops the process with
-//! exit code 2 and a message naming the key, before anything is created on disk.
+//! exit code 2 and a message naming the key, before anything is created on disk. As a
+//! client of a running server (`publish`, `subscribe`, `groups`, `offsets`, `dlq`, `seek`):
+//! what it prints and its exit codes (0 done, 1 refused, 2 usage, 3 unreachable), against
+//! the real server, or a stand-in that records what the client sent.
 
-use std::process::{Command, Output};
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
 
-use unimesh_tests::unimesh_bin;
+use unimesh_tests::hook::{Hook, HookAnswer};
+use unimesh_tests::{event, json, unimesh_bin, Server, Value};
 
 /// Runs the binary with only the given `UNIMESH_*` variables (the caller's are removed).
 fn run(args: &[&str], env: &[(&str, &str)], cwd: &std::path::Path) -> Output {
@@ -143,5 +150,476 @@ fn the_startup_log_says_where_data_lives_what_listens_and_what_retention_keeps()
             "keeps records younger than 3600000 ms and the newest 1000000 bytes per partition"
         ),
         "{log}"
+    );
+}
+
+// ----- the client subcommands -----
+
+/// Runs a client subcommand against `s` (its two listeners as `--server` and `--admin`),
+/// with `stdin` as its standard input (none: an empty one).
+fn client(s: &Server, args: &[&str], stdin: Option<&str>) -> Output {
+    let server = format!("http://{}", s.http_addr());
+    let admin = format!("http://{}", s.admin_addr());
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--server", &server, "--admin", &admin]);
+    run_with_stdin(&all, &[], stdin)
+}
+
+/// Runs the binary with these arguments and `UNIMESH_*` variables only, and `stdin`.
+fn run_with_stdin(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(unimesh_bin());
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("UNIMESH_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("the binary runs");
+    let mut input = child.stdin.take().expect("stdin is piped");
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).expect("write stdin");
+    }
+    drop(input);
+    child.wait_with_output().expect("the binary ends")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts the exit code, showing both streams when it differs.
+fn exits(out: &Output, code: i32, what: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{what}: exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        stdout(out),
+        stderr(out)
+    );
+}
+
+/// One JSON CloudEvent per line.
+fn lines_of(events: &[Value]) -> String {
+    events.iter().map(|e| format!("{e}\n")).collect()
+}
+
+/// Goal: the round trip a user makes with the CLI alone. Method: publish five events from a
+/// file (a blank line among them), tail the group with `subscribe --json --max 5`, which
+/// prints each delivery as one JSON line and ACKs it; then `offsets` shows the group's lag
+/// at 0 and nothing in flight, as JSON and as a table.
+#[test]
+fn publish_from_a_file_subscribe_json_max_n_acks_them_and_offsets_show_lag_0() {
+    let s = Server::start_default();
+    s.subscribe("cli-g", &json!({"topic": "cli-t", "ackTimeoutMs": 60000}));
+    let events: Vec<Value> = (0..5)
+        .map(|i| event(&format!("f{i}"), "cli.test", json!({ "n": i })))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("events.jsonl");
+    let text = lines_of(&events).replacen('\n', "\n\n", 1);
+    std::fs::write(&file, text).expect("write events");
+    let file = file.to_str().expect("utf-8 path");
+
+    let out = client(
+        &s,
+        &["publish", "cli-t", "--file", file, "--batch", "2"],
+        None,
+    );
+    exits(&out, 0, "publish --file");
+    assert_eq!(stdout(&out).trim(), "accepted 5, refused 0");
+    assert_eq!(
+        stderr(&out),
+        "",
+        "no progress bar when stderr is not a terminal"
+    );
+
+    let out = client(&s, &["subscribe", "cli-g", "--json", "--max", "5"], None);
+    exits(&out, 0, "subscribe --json --max 5");
+    let got: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(got.len(), 5, "one line per delivery: {got:?}");
+    let ids: BTreeSet<&str> = got
+        .iter()
+        .filter_map(|d| d["event"]["id"].as_str())
+        .collect();
+    let sent: BTreeSet<String> = (0..5).map(|i| format!("f{i}")).collect();
+    assert_eq!(ids, sent.iter().map(String::as_str).collect());
+    assert!(got
+        .iter()
+        .all(|d| d["deliveryId"].is_string() && d["attempt"] == 1));
+
+    let out = client(&s, &["offsets", "--topic", "cli-t", "--json"], None);
+    exits(&out, 0, "offsets --json");
+    let rows: Value = serde_json::from_str(&stdout(&out)).expect("offsets --json is JSON");
+    let rows = rows.as_array().expect("an array of rows");
+    let mine: Vec<&Value> = rows.iter().filter(|r| r["group"] == "cli-g").collect();
+    assert!(!mine.is_empty(), "{rows:?}");
+    assert_eq!(
+        mine.iter()
+            .map(|r| r["end"].as_u64().unwrap_or(0))
+            .sum::<u64>(),
+        5
+    );
+    for r in &mine {
+        assert_eq!(r["lag"], 0, "everything ACKed: {r}");
+        assert_eq!(r["inFlight"], 0, "{r}");
+    }
+    assert_eq!(
+        s.offsets("cli-t")
+            .values()
+            .map(|r| r["lag"].as_u64().unwrap_or(9))
+            .sum::<u64>(),
+        0
+    );
+
+    let out = client(&s, &["offsets"], None);
+    exits(&out, 0, "offsets");
+    let table = stdout(&out);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "GROUP",
+            "TOPIC",
+            "PARTITION",
+            "WATERMARK",
+            "IN_FLIGHT",
+            "END",
+            "LAG",
+            "OWNER"
+        ]
+    );
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[0], "cli-g", "{table}");
+    assert_eq!(row[6], "0", "lag 0: {table}");
+}
+
+/// Goal: a publish the server refuses exits 1 and says why, per event, while the good
+/// events of the same input are accepted. Method: three lines on stdin (a good event, one
+/// without `type`, one that is not JSON) sent as one batch; then a single event to a topic
+/// name the server refuses.
+#[test]
+fn a_refused_publish_exits_1_naming_each_refusal_and_keeps_the_good_events() {
+    let s = Server::start_default();
+    s.subscribe("r-g", &json!({"topic": "r-t", "startFrom": "earliest"}));
+    let good = event("good-1", "cli.test", json!(1));
+    let mut bad = event("bad-1", "cli.test", json!(2));
+    bad.as_object_mut().expect("object").remove("type");
+    let input = format!("{good}\n{bad}\n{{not json\n");
+    let out = client(&s, &["publish", "r-t"], Some(&input));
+    exits(&out, 1, "publish with refusals");
+    assert_eq!(stdout(&out).trim(), "accepted 1, refused 2");
+    let err = stderr(&out);
+    assert!(
+        err.contains("line 2 (id bad-1): 400 invalid-cloudevent"),
+        "{err}"
+    );
+    assert!(
+        err.contains("type"),
+        "the missing attribute is named: {err}"
+    );
+    assert!(err.contains("line 3: not JSON"), "{err}");
+    assert!(err.contains("2 of 3 event(s) refused"), "{err}");
+    let got = s.poll_n("r-g", "c", 1, std::time::Duration::from_secs(60));
+    assert_eq!(got[0].event_id(), "good-1", "the good event was published");
+
+    let out = client(&s, &["publish", "no such topic", "--type", "t"], None);
+    exits(&out, 1, "publish to a bad topic name");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("400 invalid-name"), "{err}");
+    assert!(err.contains("/v1/topics/no%20such%20topic/events"), "{err}");
+
+    // One event from flags: JSON data, a key; the answer says where it went.
+    let out = client(
+        &s,
+        &[
+            "publish",
+            "r-t",
+            "--type",
+            "cli.one",
+            "--id",
+            "one-1",
+            "--data",
+            r#"{"a":1}"#,
+            "--key",
+            "k",
+        ],
+        None,
+    );
+    exits(&out, 0, "publish one");
+    assert!(
+        stdout(&out).starts_with("published one-1 to r-t: partition "),
+        "{}",
+        stdout(&out)
+    );
+    let got = s.poll_n("r-g", "c", 1, std::time::Duration::from_secs(60));
+    assert_eq!(got[0].event["data"], json!({"a": 1}));
+    assert_eq!(got[0].event["partitionkey"], "k");
+    assert_eq!(got[0].event["source"], "/unimesh/cli");
+}
+
+/// Goal: exit 3 when the server cannot be reached, 2 on usage errors, each with one line.
+#[test]
+fn an_unreachable_server_exits_3_and_usage_errors_exit_2() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let nowhere = format!("http://127.0.0.1:{port}");
+    for args in [
+        vec!["groups", "--admin", &nowhere],
+        vec!["publish", "t", "--type", "x", "--server", &nowhere],
+        vec!["subscribe", "g", "--server", &nowhere],
+    ] {
+        let out = run_with_stdin(&args, &[], None);
+        exits(&out, 3, &format!("{args:?}"));
+        let err = stderr(&out);
+        assert!(
+            err.contains("cannot reach the server") && err.contains(&nowhere),
+            "{err}"
+        );
+    }
+    // The environment names the server too.
+    let out = run_with_stdin(&["offsets"], &[("UNIMESH_ADMIN_URL", &nowhere)], None);
+    exits(&out, 3, "UNIMESH_ADMIN_URL");
+
+    for (args, named) in [
+        (
+            vec!["seek", "g", "--partition", "zero", "--to", "1"],
+            "zero",
+        ),
+        (
+            vec!["groups", "--admin", "localhost:8081"],
+            "localhost:8081",
+        ),
+        (
+            vec!["publish", "t", "--server", &nowhere],
+            "no events to publish",
+        ),
+        (
+            vec!["publish", "t", "--file", "/nonexistent/events"],
+            "/nonexistent/events",
+        ),
+    ] {
+        let out = run_with_stdin(&args, &[], None);
+        exits(&out, 2, &format!("{args:?}"));
+        assert!(stderr(&out).contains(named), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// Goal: the operator's commands over the admin API. Method: a group with one attempt
+/// dead-letters the event `subscribe --nack` NACKs; `groups` lists it, `dlq browse` shows
+/// the dead letter, `dlq replay` delivers it again, `seek` moves the partition back to 0
+/// (everything is delivered again), and a group that does not exist is the server's 404 in
+/// one line.
+#[test]
+fn groups_dlq_browse_and_replay_and_seek_drive_the_admin_api() {
+    let s = Server::start_default();
+    s.subscribe(
+        "ops-g",
+        &json!({"topic": "ops-t", "maxAttempts": 1, "ackTimeoutMs": 60000}),
+    );
+    unimesh_tests::published(
+        &s.publish_structured("ops-t", &event("o1", "cli.test", json!(1))),
+        1,
+    );
+    // `subscribe --nack` NACKs what it prints: with one attempt, a dead letter.
+    let out = client(&s, &["subscribe", "ops-g", "--nack", "--max", "1"], None);
+    exits(&out, 0, "subscribe --nack");
+    assert!(stdout(&out).contains("cli.test o1"), "{}", stdout(&out));
+    unimesh_tests::wait_for(
+        "the dead letter",
+        std::time::Duration::from_secs(60),
+        || {
+            let v = s.admin_get("/admin/dlq/ops-g").ok_json(200);
+            (v["entries"].as_array().map_or(0, Vec::len) == 1).then_some(())
+        },
+    );
+
+    let out = client(&s, &["groups"], None);
+    exits(&out, 0, "groups");
+    let table = stdout(&out);
+    assert!(table.starts_with("GROUP"), "{table}");
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[..2], ["ops-g", "ops-t"], "{table}");
+    let out = client(&s, &["groups", "--json"], None);
+    exits(&out, 0, "groups --json");
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(v[0]["group"], "ops-g");
+
+    let out = client(&s, &["dlq", "browse", "ops-g", "--json"], None);
+    exits(&out, 0, "dlq browse --json");
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(v[0]["event"]["id"], "o1", "{v}");
+    assert_eq!(v[0]["reason"], "nacked", "{v}");
+    let out = client(&s, &["dlq", "browse", "ops-g"], None);
+    exits(&out, 0, "dlq browse");
+    assert!(
+        stdout(&out)
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("nacked") && l.contains("o1")),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = client(&s, &["dlq", "replay", "ops-g"], None);
+    exits(&out, 0, "dlq replay");
+    assert!(
+        stdout(&out).contains("replay of 1 dead letter"),
+        "{}",
+        stdout(&out)
+    );
+    let again = s.poll_n("ops-g", "c", 1, std::time::Duration::from_secs(60));
+    assert_eq!(again[0].event_id(), "o1");
+    s.ack("ops-g", &[&again[0].id]).all_ok(1);
+
+    let partition = again[0].partition.to_string();
+    let out = client(
+        &s,
+        &["seek", "ops-g", "--partition", &partition, "--to", "0"],
+        None,
+    );
+    exits(&out, 0, "seek");
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("ops-g: partition {partition} restarts at offset 0")
+    );
+    let after = s.poll_n("ops-g", "c", 1, std::time::Duration::from_secs(60));
+    assert_eq!(after[0].event_id(), "o1", "delivered again after the seek");
+
+    let out = client(&s, &["dlq", "browse", "nope"], None);
+    exits(&out, 1, "dlq browse of a group that does not exist");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("404") && err.contains("nope"), "{err}");
+}
+
+/// Goal: `--token` reaches the server as a bearer token on every request, and a publish
+/// answered 429 is sent again after its `Retry-After`. Method: a stand-in server that
+/// records requests answers the first publish 429 (`Retry-After: 0`) and the next 200.
+#[test]
+fn the_token_is_sent_as_bearer_and_a_rate_limited_publish_is_retried() {
+    let hook = Hook::start(|_, n| {
+        if n == 0 {
+            HookAnswer::status(429).header("retry-after", "0")
+        } else {
+            HookAnswer::status(200)
+        }
+    });
+    let server = hook.url("");
+    let out = run_with_stdin(
+        &[
+            "publish",
+            "t",
+            "--type",
+            "x",
+            "--server",
+            server.trim_end_matches('/'),
+        ],
+        &[("UNIMESH_TOKEN", "s3cret")],
+        None,
+    );
+    exits(&out, 0, "publish through a 429");
+    let requests = hook.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    for r in &requests {
+        assert_eq!(r.path, "/v1/topics/t/events");
+        assert_eq!(r.header("authorization"), Some("Bearer s3cret"));
+    }
+    assert!(
+        !stderr(&out).contains("s3cret"),
+        "the token is never printed"
+    );
+}
+
+/// Runs `command` (a shell command line) on a pseudo-terminal through util-linux `script`,
+/// so the binary's stdout and stderr are a terminal; what the terminal showed.
+fn on_a_terminal(command: &str) -> (Option<i32>, String) {
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", command, "/dev/null"])
+        .env_remove("UNIMESH_SERVER")
+        .env_remove("UNIMESH_ADMIN_URL")
+        .env_remove("UNIMESH_TOKEN")
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("util-linux `script` runs (it is in Debian's bsdutils): {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Goal: on a terminal, `publish` draws a progress bar and `subscribe` a live line that ends
+/// as the closing count. Method: both run on a pseudo-terminal (`script`); the terminal's
+/// output holds the bar (bytes of the file read) and the count, and the events arrive.
+#[test]
+fn on_a_terminal_publish_draws_a_progress_bar_and_subscribe_a_live_count() {
+    let s = Server::start_default();
+    s.subscribe("tty-g", &json!({"topic": "tty-t", "ackTimeoutMs": 60000}));
+    let events: Vec<Value> = (0..50)
+        .map(|i| {
+            event(
+                &format!("t{i}"),
+                "cli.test",
+                json!({ "n": i, "pad": "x".repeat(100) }),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(&file, lines_of(&events)).expect("write events");
+    let bin = unimesh_bin().display().to_string();
+    let server = format!("http://{}", s.http_addr());
+
+    let (code, screen) = on_a_terminal(&format!(
+        "'{bin}' publish tty-t --file '{}' --batch 10 --server {server}",
+        file.display()
+    ));
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.contains("accepted 50, refused 0"), "{screen}");
+    assert!(
+        screen.contains("KiB/") && screen.contains('\u{2588}'),
+        "a bar of the bytes read: {screen:?}"
+    );
+
+    let (code, screen) = on_a_terminal(&format!(
+        "'{bin}' subscribe tty-g --max 3 --server {server}"
+    ));
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(screen.contains("tty-g: received 3, ACKed 3"), "{screen:?}");
+    assert_eq!(
+        screen.matches("cli.test t").count(),
+        3,
+        "three deliveries printed: {screen:?}"
     );
 }

@@ -1,0 +1,327 @@
+//! A small blocking HTTP client (ureq) for the two APIs of a running server. Every status
+//! comes back as an [`Answer`]; [`Answer::ok`] turns an error answer into one readable
+//! line (`POST http://…/v1/topics/t/events: 400 invalid-cloudevent: …`). A transport
+//! failure is [`Failure::Unreachable`].
+
+use std::io::Read;
+use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use serde_json::Value;
+
+use super::{Common, Failure};
+
+/// How long one request may take (a stream has no overall limit, only a connect timeout).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest answer read into memory.
+const MAX_ANSWER_BYTES: u64 = 64 << 20;
+
+/// Characters escaped in a path segment: everything but unreserved ones (RFC 3986).
+const SEGMENT: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'&')
+    .add(b'+')
+    .add(b'=');
+
+/// One path segment (a topic, group or client name), escaped.
+pub fn segment(name: &str) -> String {
+    utf8_percent_encode(name, SEGMENT).to_string()
+}
+
+/// Which listener a request goes to.
+#[derive(Clone, Copy, Debug)]
+pub enum Api {
+    Admin,
+    Traffic,
+}
+
+pub struct Client {
+    server: String,
+    admin: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+    streams: ureq::Agent,
+}
+
+/// A server's answer.
+pub struct Answer {
+    /// `METHOD url`, for messages.
+    pub what: String,
+    pub status: u16,
+    /// `Retry-After` in seconds, when given.
+    pub retry_after: Option<u64>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as JSON when the status is 2xx; otherwise the server's error as one line.
+    pub fn ok(self) -> Result<Value, Failure> {
+        if !(200..300).contains(&self.status) {
+            return Err(Failure::Refused(self.error_line()));
+        }
+        serde_json::from_slice(&self.body).map_err(|e| {
+            Failure::Refused(format!(
+                "{}: {} with an answer that is not JSON ({e})",
+                self.what, self.status
+            ))
+        })
+    }
+
+    /// `METHOD url: STATUS code: message` (or the start of a body that is not the API's
+    /// error shape).
+    pub fn error_line(&self) -> String {
+        format!("{}: {}", self.what, self.reason())
+    }
+
+    /// `STATUS code: message`, without the request.
+    pub fn reason(&self) -> String {
+        let parsed: Option<(String, String)> = serde_json::from_slice::<Value>(&self.body)
+            .ok()
+            .and_then(|v| {
+                Some((
+                    v.get("error")?.as_str()?.to_owned(),
+                    v.get("message")?.as_str()?.to_owned(),
+                ))
+            });
+        match parsed {
+            Some((code, message)) => format!("{} {code}: {message}", self.status),
+            None => {
+                let text = String::from_utf8_lossy(&self.body);
+                let text: String = text.trim().chars().take(200).collect();
+                if text.is_empty() {
+                    format!("{}", self.status)
+                } else {
+                    format!("{}: {text}", self.status)
+                }
+            }
+        }
+    }
+}
+
+fn agent(timeout: Option<Duration>) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        // Direct connections: a proxy variable meant for the internet must not capture
+        // requests to the mesh (and there is no TLS to tunnel).
+        .proxy(None)
+        .timeout_global(timeout)
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .build()
+        .into()
+}
+
+/// A base URL without its trailing `/`; only `http://` (this build has no TLS).
+fn base(flag: &str, url: &str) -> Result<String, Failure> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| Failure::Usage(format!("--{flag} {url:?} is not a URL: {e}")))?;
+    match parsed.scheme() {
+        "http" => Ok(url.trim_end_matches('/').to_owned()),
+        "https" => Err(Failure::Usage(format!(
+            "--{flag} {url}: https is not supported by this build (no TLS); use http://"
+        ))),
+        other => Err(Failure::Usage(format!(
+            "--{flag} {url}: scheme {other} is not http"
+        ))),
+    }
+}
+
+impl Client {
+    pub fn new(c: &Common) -> Result<Self, Failure> {
+        Ok(Self {
+            server: base("server", &c.server)?,
+            admin: base("admin", &c.admin)?,
+            token: c.token.clone().filter(|t| !t.is_empty()),
+            agent: agent(Some(REQUEST_TIMEOUT)),
+            streams: agent(None),
+        })
+    }
+
+    pub fn url(&self, api: Api, path_and_query: &str) -> String {
+        let base = match api {
+            Api::Admin => &self.admin,
+            Api::Traffic => &self.server,
+        };
+        format!("{base}{path_and_query}")
+    }
+
+    pub fn get(&self, api: Api, path: &str) -> Result<Answer, Failure> {
+        self.call(api, "GET", path, None)
+    }
+
+    pub fn post_json(&self, api: Api, path: &str, body: &Value) -> Result<Answer, Failure> {
+        self.call(
+            api,
+            "POST",
+            path,
+            Some(("application/json", body.to_string().into_bytes())),
+        )
+    }
+
+    /// A request with an optional `(content type, body)`.
+    pub fn call(
+        &self,
+        api: Api,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<Answer, Failure> {
+        let url = self.url(api, path);
+        let what = format!("{method} {url}");
+        let mut response = self.send(&self.agent, &what, method, &url, body, &[])?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_ANSWER_BYTES)
+            .read_to_vec()
+            .map_err(|e| unreachable(&what, &e))?;
+        Ok(Answer {
+            what,
+            status,
+            retry_after,
+            body,
+        })
+    }
+
+    /// Opens a streaming GET (Server-Sent Events): on 200 the body as a reader, otherwise
+    /// the server's error.
+    pub fn stream(&self, api: Api, path: &str) -> Result<impl Read + Send + 'static, Failure> {
+        let url = self.url(api, path);
+        let what = format!("GET {url}");
+        let mut response = self.send(
+            &self.streams,
+            &what,
+            "GET",
+            &url,
+            None,
+            &[("accept", "text/event-stream")],
+        )?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let body = response
+                .body_mut()
+                .with_config()
+                .limit(MAX_ANSWER_BYTES)
+                .read_to_vec()
+                .unwrap_or_default();
+            let answer = Answer {
+                what,
+                status,
+                retry_after: None,
+                body,
+            };
+            return Err(Failure::Refused(answer.error_line()));
+        }
+        Ok(response.into_body().into_reader())
+    }
+
+    fn send(
+        &self,
+        agent: &ureq::Agent,
+        what: &str,
+        method: &str,
+        url: &str,
+        body: Option<(&str, Vec<u8>)>,
+        headers: &[(&str, &str)],
+    ) -> Result<ureq::http::Response<ureq::Body>, Failure> {
+        let mut builder = ureq::http::Request::builder().method(method).uri(url);
+        if let Some(token) = &self.token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        match body {
+            Some((content_type, bytes)) => builder
+                .header("content-type", content_type)
+                .body(bytes)
+                .map_err(|e| Failure::Usage(format!("{what}: {e}")))
+                .and_then(|r| agent.run(r).map_err(|e| classify(what, &e))),
+            None => builder
+                .body(())
+                .map_err(|e| Failure::Usage(format!("{what}: {e}")))
+                .and_then(|r| agent.run(r).map_err(|e| classify(what, &e))),
+        }
+    }
+}
+
+/// A request that could not be made: a bad URL is usage, anything else unreachable.
+fn classify(what: &str, e: &ureq::Error) -> Failure {
+    match e {
+        ureq::Error::BadUri(_) | ureq::Error::Http(_) => Failure::Usage(format!("{what}: {e}")),
+        _ => unreachable(what, e),
+    }
+}
+
+fn unreachable(what: &str, e: &ureq::Error) -> Failure {
+    Failure::Unreachable(format!("{what}: cannot reach the server: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, body: &str) -> Answer {
+        Answer {
+            what: "GET http://h/x".into(),
+            status,
+            retry_after: None,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn an_error_answer_is_one_line_with_status_code_and_message() {
+        let a = answer(404, r#"{"error":"unknown-group","message":"no group g"}"#);
+        assert_eq!(
+            a.ok(),
+            Err(Failure::Refused(
+                "GET http://h/x: 404 unknown-group: no group g".into()
+            ))
+        );
+        let a = answer(502, "<html>bad gateway</html>\n");
+        assert_eq!(
+            a.error_line(),
+            "GET http://h/x: 502: <html>bad gateway</html>"
+        );
+        assert_eq!(
+            answer(200, r#"{"a":1}"#).ok(),
+            Ok(serde_json::json!({"a": 1}))
+        );
+    }
+
+    #[test]
+    fn names_are_escaped_as_one_path_segment() {
+        assert_eq!(segment("orders.eu-1_x~"), "orders.eu-1_x~");
+        assert_eq!(segment("a/b?c#d e"), "a%2Fb%3Fc%23d%20e");
+    }
+
+    #[test]
+    fn only_http_urls_are_taken() {
+        assert_eq!(
+            base("server", "http://127.0.0.1:8080/"),
+            Ok("http://127.0.0.1:8080".into())
+        );
+        assert!(matches!(
+            base("server", "https://x"),
+            Err(Failure::Usage(_))
+        ));
+        assert!(matches!(base("admin", "127.0.0.1"), Err(Failure::Usage(_))));
+    }
+}
