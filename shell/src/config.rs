@@ -811,6 +811,8 @@ pub struct Overrides {
     pub storage: Option<String>,
     /// `--kafka-brokers`: `kafka.brokers`.
     pub kafka_brokers: Option<String>,
+    /// `--kafka-instance`: `kafka.instance`.
+    pub kafka_instance: Option<String>,
 }
 
 /// The result of [`load`]: the configuration and what it was made of, for the startup log.
@@ -866,6 +868,11 @@ where
             "kafka.brokers",
             "kafka-brokers",
             overrides.kafka_brokers.clone(),
+        ),
+        (
+            "kafka.instance",
+            "kafka-instance",
+            overrides.kafka_instance.clone(),
         ),
     ];
     for (key, flag, value) in flags {
@@ -1435,11 +1442,13 @@ mod tests {
         let overrides = Overrides {
             storage: Some("kafka".into()),
             kafka_brokers: Some("127.0.0.1:19092".into()),
+            kafka_instance: Some("edge-1".into()),
             ..Overrides::default()
         };
         let c = load(&overrides, env(&[])).expect("loads").config;
         assert_eq!(c.storage.backend, StorageBackend::Kafka);
         assert_eq!(c.kafka.brokers, "127.0.0.1:19092");
+        assert_eq!(c.kafka.instance, "edge-1", "the flag names the instance");
         assert!(
             c.mesh_config().commit_to_broker,
             "Kafka keeps group offsets"

@@ -68,6 +68,10 @@ struct ServeArgs {
     /// Kafka bootstrap brokers, HOST:PORT,... (env UNIMESH_KAFKA_BROKERS).
     #[arg(long, value_name = "HOST:PORT,...")]
     kafka_brokers: Option<String>,
+    /// This instance's stable name on Kafka, shown as a partition's owner (env
+    /// UNIMESH_KAFKA_INSTANCE).
+    #[arg(long, value_name = "NAME")]
+    kafka_instance: Option<String>,
     /// Print the effective configuration (defaults, file, UNIMESH_* variables and flags
     /// merged and checked) as TOML, and exit without serving.
     #[arg(long)]
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         data: args.data,
         storage: args.storage,
         kafka_brokers: args.kafka_brokers,
+        kafka_instance: args.kafka_instance,
     };
     let loaded = match config::load(&overrides, env) {
         Ok(l) => l,

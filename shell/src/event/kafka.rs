@@ -7,7 +7,9 @@
 //! `partitionkey`). In ([`from_kafka`]): a record with a `ce_specversion` header is binary
 //! mode; one whose `content-type` is `application/cloudevents+json` is structured mode;
 //! anything else is not a CloudEvent and gets the reason, so the caller dead-letters it
-//! (never a silent drop: docs/DESIGN.md §7). Both give the stored form
+//! (never a silent drop: docs/DESIGN.md §7). A record key with no `partitionkey` in the
+//! event becomes its `partitionkey` (the binding's key mapping, read backwards; a key that
+//! is not UTF-8 is left out). Both give the stored form
 //! ([`super::encode_stored`]), so the engine sees Kafka records exactly as it sees the
 //! embedded log's.
 
@@ -22,7 +24,7 @@ use super::attrs::Origin;
 use super::error::DecodeError;
 use super::json::{event_from_json, format_time};
 use super::publish::{parse_binary, PublishLimits, STRUCTURED_MEDIA_TYPE};
-use super::stored::encode_stored;
+use super::stored::{encode_stored, PARTITION_KEY_EXTENSION};
 
 /// The prefix of an attribute header in the Kafka binding.
 pub const KAFKA_HEADER_PREFIX: &str = "ce_";
@@ -82,6 +84,7 @@ pub fn to_kafka(stored: &[u8]) -> Result<KafkaRecord, DecodeError> {
 pub fn from_kafka(
     headers: &[(&str, Option<&[u8]>)],
     value: Option<&[u8]>,
+    key: Option<&[u8]>,
     max_event_bytes: usize,
 ) -> Result<Bytes, DecodeError> {
     let value = value.unwrap_or_default();
@@ -117,8 +120,9 @@ pub fn from_kafka(
                 value.len()
             )));
         }
-        let event = event_from_json(value, Origin::Publish)
+        let mut event = event_from_json(value, Origin::Publish)
             .map_err(|e| DecodeError::new(format!("invalid structured CloudEvent: {e}")))?;
+        keyed(&mut event, key);
         return Ok(encode_stored(&event));
     }
     // Binary mode: the HTTP binding's reader does the validation. Its header values are
@@ -146,9 +150,24 @@ pub fn from_kafka(
         })?;
         map.append(target, v);
     }
-    let event = parse_binary(&map, value, &limits)
+    let mut event = parse_binary(&map, value, &limits)
         .map_err(|e| DecodeError::new(format!("invalid binary-mode CloudEvent: {e}")))?;
+    keyed(&mut event, key);
     Ok(encode_stored(&event))
+}
+
+/// The record key as the event's `partitionkey` when it has none: the Kafka binding maps
+/// `partitionkey` to the key, so a key another producer set is the event's partition key.
+fn keyed(event: &mut cloudevents::Event, key: Option<&[u8]>) {
+    if event.extension(PARTITION_KEY_EXTENSION).is_some() {
+        return;
+    }
+    if let Some(k) = key
+        .filter(|k| !k.is_empty())
+        .and_then(|k| std::str::from_utf8(k).ok())
+    {
+        event.set_extension(PARTITION_KEY_EXTENSION, k.to_owned());
+    }
 }
 
 fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
@@ -210,7 +229,7 @@ mod tests {
         let r = to_kafka(&s).expect("encodes");
         // The Kafka binding has no percent-encoding: the header is the raw UTF-8.
         assert_eq!(header(&r, "ce_subject"), Some("café 100% \"q\""));
-        let back = from_kafka(&borrowed(&r), Some(&r.value), 1 << 20).expect("decodes");
+        let back = from_kafka(&borrowed(&r), Some(&r.value), None, 1 << 20).expect("decodes");
         assert_eq!(back, s);
     }
 
@@ -222,8 +241,38 @@ mod tests {
         let r = to_kafka(&s).expect("encodes");
         assert_eq!(&r.value[..], &[0u8, 1, 2, 255]);
         assert_eq!(header(&r, "content-type"), None);
-        let back = from_kafka(&borrowed(&r), Some(&r.value), 1 << 20).expect("decodes");
+        let back = from_kafka(&borrowed(&r), Some(&r.value), None, 1 << 20).expect("decodes");
         assert_eq!(back, s);
+    }
+
+    /// Goal (issue 18): a record another producer keyed, with no `ce_partitionkey`, keeps
+    /// its key as the event's `partitionkey`; an event's own `partitionkey` wins; a key
+    /// that is not UTF-8 is left out. Method: the same binary-mode headers read with each
+    /// key.
+    #[test]
+    fn a_record_key_without_a_partitionkey_becomes_it() {
+        let headers = [
+            ("ce_specversion", Some(&b"1.0"[..])),
+            ("ce_id", Some(&b"k-1"[..])),
+            ("ce_source", Some(&b"/s"[..])),
+            ("ce_type", Some(&b"t"[..])),
+        ];
+        let key_of = |h: &[(&str, Option<&[u8]>)], key: Option<&[u8]>| {
+            let back = from_kafka(h, Some(b"x"), key, 1 << 20).expect("decodes");
+            let json: serde_json::Value = serde_json::from_slice(&back).expect("stored form");
+            json.get("partitionkey")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            key_of(&headers, Some(b"order-7")),
+            Some("order-7".to_owned())
+        );
+        assert_eq!(key_of(&headers, None), None);
+        assert_eq!(key_of(&headers, Some(&[0xff, 0xfe])), None);
+        let mut own = headers.to_vec();
+        own.push(("ce_partitionkey", Some(&b"mine"[..])));
+        assert_eq!(key_of(&own, Some(b"order-7")), Some("mine".to_owned()));
     }
 
     #[test]
@@ -234,21 +283,21 @@ mod tests {
             "content-type",
             Some(&b"application/cloudevents+json; charset=utf-8"[..]),
         )];
-        let back = from_kafka(&headers, Some(json), 1 << 20).expect("decodes");
+        let back = from_kafka(&headers, Some(json), None, 1 << 20).expect("decodes");
         let meta = decode_stored(&back).expect("stored form");
         assert_eq!(meta.id, "s-1");
     }
 
     #[test]
     fn a_record_that_is_no_cloudevent_gets_its_reason() {
-        let err = from_kafka(&[], Some(b"plain bytes"), 1 << 20).unwrap_err();
+        let err = from_kafka(&[], Some(b"plain bytes"), None, 1 << 20).unwrap_err();
         assert!(
             err.message().contains("not a CloudEvent"),
             "{}",
             err.message()
         );
         let headers = [("content-type", Some(&b"application/cloudevents+json"[..]))];
-        let err = from_kafka(&headers, Some(b"{not json"), 1 << 20).unwrap_err();
+        let err = from_kafka(&headers, Some(b"{not json"), None, 1 << 20).unwrap_err();
         assert!(
             err.message().contains("invalid structured"),
             "{}",
@@ -258,7 +307,7 @@ mod tests {
             ("ce_specversion", Some(&b"1.0"[..])),
             ("ce_id", Some(&b"x"[..])),
         ];
-        let err = from_kafka(&headers, Some(b""), 1 << 20).unwrap_err();
+        let err = from_kafka(&headers, Some(b""), None, 1 << 20).unwrap_err();
         assert!(err.message().contains("binary-mode"), "{}", err.message());
     }
 
@@ -266,7 +315,7 @@ mod tests {
     fn an_oversized_record_is_refused_before_parsing() {
         let headers = [("content-type", Some(&b"application/cloudevents+json"[..]))];
         let big = vec![b' '; 100];
-        let err = from_kafka(&headers, Some(&big), 50).unwrap_err();
+        let err = from_kafka(&headers, Some(&big), None, 50).unwrap_err();
         assert!(
             err.message().contains("over the limit"),
             "{}",

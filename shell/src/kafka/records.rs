@@ -105,7 +105,7 @@ pub(super) fn incoming<M: Message>(m: &M) -> (HeaderList<'_>, Option<&[u8]>) {
 pub fn decode_message<M: Message>(m: &M, max_event_bytes: usize) -> Record {
     let offset = m.offset().max(0) as Offset;
     let (headers, payload) = incoming(m);
-    match crate::event::from_kafka(&headers, payload, max_event_bytes) {
+    match crate::event::from_kafka(&headers, payload, m.key(), max_event_bytes) {
         Ok(stored) => crate::engine::decode_record((offset, stored)),
         Err(e) => Record {
             offset,
