@@ -147,6 +147,8 @@ pub struct SubscriptionSpec {
     pub start_from: StartFrom,
     /// Webhook target; carried for the shell, the core does not look at it.
     pub push_url: Option<String>,
+    /// Webhook signing secret (`whsec_` and base64); carried for the shell like `push_url`.
+    pub push_secret: Option<String>,
 }
 
 impl SubscriptionSpec {
@@ -163,6 +165,7 @@ impl SubscriptionSpec {
             max_in_flight_per_client: 100,
             start_from: StartFrom::Earliest,
             push_url: None,
+            push_secret: None,
         }
     }
 

@@ -46,6 +46,9 @@ use unimesh_core::{MeshConfig, SubscriptionLimits};
 
 use crate::event::PublishLimits;
 
+pub mod auth;
+pub use auth::Auth;
+
 /// Prefix of every environment variable read as configuration.
 pub const ENV_PREFIX: &str = "UNIMESH_";
 
@@ -82,6 +85,8 @@ pub struct Config {
     pub engine: Engine,
     pub mesh: Mesh,
     pub kafka: Kafka,
+    /// Bearer tokens and rights (see `config::auth`); none: auth is off.
+    pub auth: Auth,
 }
 
 /// Bounds on what one HTTP request may ask for. Every one is checked before work is done.
@@ -145,6 +150,15 @@ pub struct Server {
     pub stream_heartbeat_ms: u64,
     /// The `retry:` an SSE stream tells its client to wait before reconnecting.
     pub stream_retry_ms: u64,
+    /// Web page origins allowed on the traffic listener, comma-separated
+    /// (`https://app.example.com,http://localhost:3000`): CORS answers for them (preflight
+    /// included; `content-type`, `authorization`, `last-event-id` and `ce-*` headers), and
+    /// a WebSocket upgrade from a page must come from one of them (or its own origin).
+    /// Empty: no CORS at all, and a page on another origin cannot open a WebSocket.
+    pub cors_allowed_origins: String,
+    /// Serve a non-loopback address without `[auth]` identities (anyone who reaches it may
+    /// publish, consume and operate). Off: `serve` refuses to start so (flag --insecure).
+    pub insecure: bool,
 }
 
 /// Webhook push (groups with `push.url`).
@@ -155,9 +169,12 @@ pub struct Push {
     pub max_concurrency: u32,
     /// A push not answered within this is a NACK (the group's backoff applies).
     pub request_timeout_ms: u64,
-    /// Hosts push URLs may name, comma-separated (`hooks.example.com,10.0.0.7`); empty
-    /// allows any. Set it so that a subscription cannot make the mesh call its own admin
-    /// port, or any other internal service, by accident.
+    /// Where webhooks may push. Empty: public addresses only (loopback, link-local such as
+    /// the cloud metadata service at 169.254.169.254, private, shared, unspecified and
+    /// multicast addresses are refused). Otherwise exactly what it lists, comma-separated:
+    /// host names, IP addresses or CIDR blocks (`hooks.internal,10.0.0.7,fd00::/8,::1`).
+    /// The mesh's own listeners never. Checked at `PUT` (IP literals, listed names) and
+    /// after DNS resolution at every push (the connection goes to the checked address).
     pub allowed_hosts: String,
     /// How often the pushers are matched to the subscriptions (a new or changed `push.url`
     /// starts pushing within this).
@@ -369,6 +386,7 @@ impl Default for Config {
             engine: Engine::from(&crate::engine::EngineConfig::default()),
             mesh: Mesh::from(&MeshConfig::default()),
             kafka: Kafka::default(),
+            auth: Auth::default(),
         }
     }
 }
@@ -405,6 +423,8 @@ impl Default for Server {
             stream_window: 256,
             stream_heartbeat_ms: 15_000,
             stream_retry_ms: 1_000,
+            cors_allowed_origins: String::new(),
+            insecure: false,
         }
     }
 }
@@ -549,6 +569,18 @@ impl Config {
 
     /// Checks relations between settings that each type alone cannot express. The error
     /// names the key.
+    /// The listener addresses that are not loopback, when no `[auth]` identity guards them
+    /// and `server.insecure` does not allow that: `serve` refuses to start then.
+    pub fn open_exposure(&self) -> Vec<SocketAddr> {
+        if self.auth.enabled() || self.server.insecure {
+            return Vec::new();
+        }
+        [self.http, self.admin]
+            .into_iter()
+            .filter(|a| !a.ip().is_loopback())
+            .collect()
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |key: &str, why: String| {
             Err(ConfigError::Invalid {
@@ -648,6 +680,15 @@ impl Config {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
             }
+        }
+        if let Err(why) = crate::http::target::TargetPolicy::parse(&self.push.allowed_hosts) {
+            return bad("push.allowed_hosts", why);
+        }
+        if let Err(why) = crate::http::cors::Origins::parse(&self.server.cors_allowed_origins) {
+            return bad("server.cors_allowed_origins", why);
+        }
+        if let Err((key, why)) = self.auth.validate() {
+            return bad(&key, why);
         }
         let s = &self.storage;
         if s.max_partitions == 0 {
@@ -813,6 +854,8 @@ pub struct Overrides {
     pub kafka_brokers: Option<String>,
     /// `--kafka-instance`: `kafka.instance`.
     pub kafka_instance: Option<String>,
+    /// `--insecure`: `server.insecure = true`.
+    pub insecure: bool,
 }
 
 /// The result of [`load`]: the configuration and what it was made of, for the startup log.
@@ -874,6 +917,11 @@ where
             "kafka-instance",
             overrides.kafka_instance.clone(),
         ),
+        (
+            "server.insecure",
+            "insecure",
+            overrides.insecure.then(|| "true".to_owned()),
+        ),
     ];
     for (key, flag, value) in flags {
         if let Some(value) = value {
@@ -934,6 +982,8 @@ fn merge_file(base: &mut Table, file: Table, path: &Path, prefix: &str) -> Resul
         };
         let origin = || format!("config file {}", path.display());
         match (slot, value) {
+            // Free names, each a table checked when the whole is deserialised.
+            (Value::Table(sub), Value::Table(v)) if full == auth::IDENTITIES_KEY => *sub = v,
             (Value::Table(sub), Value::Table(v)) if full == KAFKA_PROPERTIES_KEY => {
                 for (name, v) in v {
                     let text = match v {
@@ -1001,7 +1051,9 @@ fn leaf_keys(table: &Table, prefix: &str, out: &mut Vec<String>) {
             format!("{prefix}.{key}")
         };
         match value {
-            Value::Table(_) if full == KAFKA_PROPERTIES_KEY => out.push(full),
+            Value::Table(_) if full == KAFKA_PROPERTIES_KEY || full == auth::IDENTITIES_KEY => {
+                out.push(full)
+            }
             Value::Table(sub) => leaf_keys(sub, &full, out),
             _ => out.push(full),
         }
@@ -1072,6 +1124,11 @@ fn set_from_text(
                     "false" | "0" => Value::Boolean(false),
                     _ => return Err(wrong("true or false")),
                 },
+                Value::Table(_) if key == auth::IDENTITIES_KEY => {
+                    return Err(wrong(
+                        "nothing: identities are set in the file ([auth.identities.NAME])",
+                    ))
+                }
                 // Laid over the file's table property by property.
                 Value::Table(t) if key == KAFKA_PROPERTIES_KEY => {
                     let mut merged = t.clone();

@@ -72,6 +72,10 @@ struct ServeArgs {
     /// UNIMESH_KAFKA_INSTANCE).
     #[arg(long, value_name = "NAME")]
     kafka_instance: Option<String>,
+    /// Serve non-loopback addresses without `[auth]` (anyone who reaches them may publish,
+    /// consume and operate; env UNIMESH_SERVER_INSECURE, config server.insecure).
+    #[arg(long)]
+    insecure: bool,
     /// Print the effective configuration (defaults, file, UNIMESH_* variables and flags
     /// merged and checked) as TOML, and exit without serving.
     #[arg(long)]
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         storage: args.storage,
         kafka_brokers: args.kafka_brokers,
         kafka_instance: args.kafka_instance,
+        insecure: args.insecure,
     };
     let loaded = match config::load(&overrides, env) {
         Ok(l) => l,
@@ -206,6 +211,14 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         tracing::warn!(variable = %name, "ignoring unknown UNIMESH_* environment variable");
     }
 
+    // Fail closed (before anything is created): an address beyond this machine is served
+    // only with identities, or when the operator says so.
+    if let Some(addr) = cfg.open_exposure().first() {
+        return Err(format!(
+            "refusing to serve {addr} without authentication: add [auth] identities, bind a \
+             loopback address, or pass --insecure (server.insecure = true) to serve it open"
+        ));
+    }
     std::fs::create_dir_all(&cfg.data)
         .map_err(|e| format!("cannot create data directory {}: {e}", cfg.data.display()))?;
     let data = cfg.data.canonicalize().unwrap_or_else(|_| cfg.data.clone());
@@ -280,10 +293,11 @@ async fn run(
     tracing::info!(addr = %traffic, "traffic API listening on http://{traffic}");
     tracing::info!(addr = %admin, "admin API listening on http://{admin} (metrics at /metrics)");
 
-    let app = Arc::new(App::new(engine.clone(), &cfg));
+    let app = Arc::new(App::new(engine.clone(), &cfg).listening_on([traffic, admin]));
     let pushers = tokio::spawn(unimesh_shell::http::push::supervise(
         engine.clone(),
         cfg.push.clone(),
+        app.push_targets.clone(),
     ));
     let mut engine_task = engine_task;
     let mut engine_ended = false;

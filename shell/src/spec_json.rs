@@ -30,9 +30,10 @@ use utoipa::ToSchema;
 /// Longest accepted webhook URL, in bytes.
 pub const MAX_PUSH_URL_BYTES: usize = 2_048;
 
-/// What a webhook URL must look like: `http` or `https`, a host name or IPv4 address, an
-/// optional port, path and query, nothing else (no user info, no fragment).
-pub const PUSH_URL_PATTERN: &str = r"^https?://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
+/// What a webhook URL must look like: `http` or `https`, a host name, an IPv4 address or an
+/// IPv6 address in brackets, an optional port, path and query, nothing else (no user info,
+/// no fragment).
+pub const PUSH_URL_PATTERN: &str = r"^https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
 
 /// [`PUSH_URL_PATTERN`] after the host: optional port, path and query.
 pub const PUSH_URL_AFTER_HOST: &str = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
@@ -167,13 +168,46 @@ pub enum StartFromDoc {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PushDoc {
-    /// An `http://` or `https://` URL with a host name or IPv4 address, at most 2048
-    /// characters.
+    /// An `http://` or `https://` URL with a host name, an IPv4 address or an IPv6 address
+    /// in brackets, at most 2048 characters. Where it may point: `push.allowed_hosts`.
     #[schema(
-        pattern = r"^https?://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$",
+        pattern = r"^https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$",
         max_length = 2048
     )]
     pub url: String,
+    /// Signs every push in the style of Standard Webhooks: `whsec_` and the base64 of 24 to
+    /// 64 random bytes (the HMAC-SHA256 key). Each push then carries `webhook-id`,
+    /// `webhook-timestamp` and `webhook-signature: v1,<base64 HMAC of "id.timestamp.body">`.
+    /// Never shown again: `GET` answers `signed: true` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^whsec_(?:[A-Za-z0-9+/]{4}){8,20}(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+        write_only
+    )]
+    pub secret: Option<String>,
+}
+
+/// The smallest and largest signing key, in bytes (Standard Webhooks: 24 to 64).
+pub const PUSH_SECRET_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
+/// The HMAC key of a push secret (`whsec_` and base64), or why it is none.
+pub fn push_secret_key(secret: &str) -> Result<Vec<u8>, &'static str> {
+    use base64::Engine as _;
+    let Some(b64) = secret.strip_prefix("whsec_") else {
+        return Err("must start with whsec_ (then the base64 of 24 to 64 random bytes)");
+    };
+    // Lenient about the unused bits of the last character, as most decoders are (Python's).
+    const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+    );
+    let key = LENIENT
+        .decode(b64)
+        .map_err(|_| "is not whsec_ followed by base64")?;
+    if !PUSH_SECRET_BYTES.contains(&key.len()) {
+        return Err("must hold 24 to 64 bytes (whsec_ and base64)");
+    }
+    Ok(key)
 }
 
 /// A refused document: which field (dotted path, empty for the whole body) and why.
@@ -246,8 +280,9 @@ impl SubscriptionDoc {
             Some(mut p) => {
                 let url = take(&mut p, "push", "url")?
                     .ok_or_else(|| FieldError::new("push.url", "is required"))?;
+                let secret = take(&mut p, "push", "secret")?;
                 no_leftovers(&p, "push")?;
-                Some(PushDoc { url })
+                Some(PushDoc { url, secret })
             }
         };
         let doc = SubscriptionDoc {
@@ -328,7 +363,11 @@ impl SubscriptionDoc {
         };
         if let Some(p) = self.push {
             check_push_url(&p.url)?;
+            if let Some(secret) = &p.secret {
+                push_secret_key(secret).map_err(|why| FieldError::new("push.secret", why))?;
+            }
             spec.push_url = Some(p.url);
+            spec.push_secret = p.secret;
         }
         Ok(spec)
     }
@@ -365,10 +404,10 @@ impl SubscriptionDoc {
                 StartFrom::Earliest => StartFromDoc::Earliest,
                 StartFrom::Latest(_) => StartFromDoc::Latest,
             }),
-            push: spec
-                .push_url
-                .as_ref()
-                .map(|url| PushDoc { url: url.clone() }),
+            push: spec.push_url.as_ref().map(|url| PushDoc {
+                url: url.clone(),
+                secret: spec.push_secret.clone(),
+            }),
         }
     }
 }
@@ -436,9 +475,15 @@ fn check_push_url(url: &str) -> Result<(), FieldError> {
     }
     if !push_url_regex().is_match(url) {
         return bad(
-            "is not a valid URL: a host name or IPv4 address, an optional port, path and \
-             query; no user info, no fragment",
+            "is not a valid URL: a host name, an IPv4 address or an IPv6 address in \
+             brackets, an optional port, path and query; no user info, no fragment",
         );
+    }
+    if let Some(rest) = url.split_once("://[").map(|(_, r)| r) {
+        let literal = rest.split(']').next().unwrap_or("");
+        if literal.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("is not a valid URL: the part in brackets is not an IPv6 address");
+        }
     }
     // The pattern admits only what `http::Uri` reads; checked anyway, since the pusher
     // parses it again.
@@ -577,6 +622,46 @@ mod tests {
     #[test]
     fn the_push_url_pattern_ends_with_the_after_host_part() {
         assert!(PUSH_URL_PATTERN.ends_with(PUSH_URL_AFTER_HOST));
+    }
+
+    #[test]
+    fn push_secrets_are_standard_webhooks_keys() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let spec = parse(&format!(
+            r#"{{"topic":"t","push":{{"url":"http://h/x","secret":"{secret}"}}}}"#
+        ))
+        .expect("a valid secret");
+        assert_eq!(spec.push_secret.as_deref(), Some(secret));
+        assert_eq!(push_secret_key(secret).map(|k| k.len()), Ok(24));
+        // Stored and read back with the definition.
+        let doc = SubscriptionDoc::from_spec(&spec);
+        assert_eq!(doc.push.and_then(|p| p.secret).as_deref(), Some(secret));
+        for bad in [
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_!!",
+            "whsec_c2hvcnQ=",
+        ] {
+            let e = parse(&format!(
+                r#"{{"topic":"t","push":{{"url":"http://h/x","secret":"{bad}"}}}}"#
+            ))
+            .expect_err(bad);
+            assert_eq!(e.field, "push.secret", "{bad}");
+        }
+    }
+
+    #[test]
+    fn ipv6_literals_are_push_urls() {
+        for url in ["http://[::1]:9000/", "https://[2001:db8::7]/in?x=1"] {
+            let spec = parse(&format!(r#"{{"topic":"t","push":{{"url":"{url}"}}}}"#))
+                .unwrap_or_else(|e| panic!("{url}: {e:?}"));
+            assert_eq!(spec.push_url.as_deref(), Some(url));
+        }
+        for url in ["http://[zz::1]/", "http://[::1/", "http://[1.2.3.4]/"] {
+            assert!(
+                parse(&format!(r#"{{"topic":"t","push":{{"url":"{url}"}}}}"#)).is_err(),
+                "{url}"
+            );
+        }
     }
 
     #[test]

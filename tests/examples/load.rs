@@ -93,7 +93,7 @@ fn main() {
         eprintln!("load: note: this is a debug build; use --release for meaningful numbers");
     }
     let opts = Options::new().toml(&format!(
-        "log = \"warn\"\n[storage]\ndefault_partitions = {}\n",
+        "log = \"warn\"\n[storage]\ndefault_partitions = {}\n[push]\nallowed_hosts = \"127.0.0.1\"\n",
         a.partitions
     ));
     let s = Server::start(opts);

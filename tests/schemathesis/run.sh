@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs schemathesis (every check, every phase: examples, coverage, fuzzing, stateful) against
 # the OpenAPI documents a real `unimesh serve` serves — the traffic one on the traffic
-# listener, the admin one on the admin listener — and fails on any failure it finds.
+# listener, the admin one on the admin listener — and fails on any failure it finds. Twice:
+# without [auth] (the default), then with an identity of every right whose bearer token
+# schemathesis sends (the documents declare the scheme; its `ignored_auth` check also
+# sends requests without the token and expects them refused).
 #
 #   tests/schemathesis/run.sh PATH/TO/unimesh [MAX_EXAMPLES]
 #
@@ -17,7 +20,6 @@ bin="${1:?usage: run.sh PATH/TO/unimesh [MAX_EXAMPLES]}"
 examples="${2:-50}"
 work="$(mktemp -d)"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-http_port="$(free_port)"; admin_port="$(free_port)"
 # Short waits, so a long-poll or a request/reply never outlasts schemathesis' timeout.
 cat > "$work/unimesh.toml" <<TOML
 log = "warn"
@@ -31,33 +33,57 @@ backend = "memory"
 [push]
 allowed_hosts = "127.0.0.1"
 TOML
-"$bin" serve --config "$work/unimesh.toml" --data "$work/data" \
-  --http "127.0.0.1:$http_port" --admin "127.0.0.1:$admin_port" 2> "$work/server.log" &
-server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
-for _ in $(seq 1 300); do
-  if curl -fs "http://127.0.0.1:$admin_port/admin/ready" >/dev/null 2>&1; then break; fi
-  sleep 0.2
-done
-curl -fs "http://127.0.0.1:$admin_port/admin/ready" >/dev/null || { cat "$work/server.log"; exit 1; }
+# Two passes: the default configuration (no [auth]), then with a token of every right,
+# sent by schemathesis, so the documents' security schemes are exercised too (the
+# `ignored_auth` check then also sends requests without it and expects them refused).
+token="schemathesis-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
+hash="$(printf %s "$token" | sha256sum | cut -d' ' -f1)"
+cp "$work/unimesh.toml" "$work/auth.toml"
+cat >> "$work/auth.toml" <<TOML
+[auth.identities.schemathesis]
+token_sha256 = "$hash"
+publish = ["*"]
+consume = ["*"]
+define = ["*"]
+admin = true
+TOML
+server=""
+trap 'if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 cd "$here"
 export SCHEMATHESIS_HOOKS=hooks
 status=0
-for api in traffic admin; do
-  port=$http_port; [ "$api" = admin ] && port=$admin_port
-  echo "== schemathesis: the $api API"
-  st run "http://127.0.0.1:$port/openapi.json" \
-    --url "http://127.0.0.1:$port" \
-    --checks all \
-    --phases examples,coverage,fuzzing,stateful \
-    --exclude-operation-id stream --exclude-operation-id websocket \
-    --max-examples "$examples" \
-    --request-timeout 120 \
-    --workers 1 \
-    --seed 1 \
-    || status=$?
+for pass in open auth; do
+  http_port="$(free_port)"; admin_port="$(free_port)"
+  config="$work/unimesh.toml"; auth_args=()
+  if [ "$pass" = auth ]; then config="$work/auth.toml"; auth_args=(--header "Authorization: Bearer $token"); fi
+  rm -rf "$work/data"
+  "$bin" serve --config "$config" --data "$work/data" \
+    --http "127.0.0.1:$http_port" --admin "127.0.0.1:$admin_port" 2> "$work/server.log" &
+  server=$!
+  for _ in $(seq 1 300); do
+    if curl -fs "http://127.0.0.1:$admin_port/admin/ready" >/dev/null 2>&1; then break; fi
+    sleep 0.2
+  done
+  curl -fs "http://127.0.0.1:$admin_port/admin/ready" >/dev/null || { cat "$work/server.log"; exit 1; }
+  for api in traffic admin; do
+    port=$http_port; [ "$api" = admin ] && port=$admin_port
+    echo "== schemathesis ($pass): the $api API"
+    st run "http://127.0.0.1:$port/openapi.json" \
+      "${auth_args[@]}" \
+      --url "http://127.0.0.1:$port" \
+      --checks all \
+      --phases examples,coverage,fuzzing,stateful \
+      --exclude-operation-id stream --exclude-operation-id websocket \
+      --max-examples "$examples" \
+      --request-timeout 120 \
+      --workers 1 \
+      --seed 1 \
+      || status=$?
+  done
+  if [ "$status" != 0 ]; then
+    echo "== server log ($pass)"; tail -50 "$work/server.log"
+  fi
+  kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; server=""
+  [ "$status" = 0 ] || break
 done
-if [ "$status" != 0 ]; then
-  echo "== server log"; tail -50 "$work/server.log"
-fi
 exit "$status"

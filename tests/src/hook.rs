@@ -77,7 +77,15 @@ impl Hook {
     pub fn start(
         respond: impl Fn(&HookRequest, usize) -> HookAnswer + Send + Sync + 'static,
     ) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        Self::start_at("127.0.0.1:0", respond)
+    }
+
+    /// Starts a receiver on `bind` (`[::1]:0`: IPv6 loopback).
+    pub fn start_at(
+        bind: &str,
+        respond: impl Fn(&HookRequest, usize) -> HookAnswer + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind(bind).expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
         let log = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));

@@ -394,6 +394,8 @@ impl Resp {
 pub struct Options {
     toml: String,
     env: Vec<(String, String)>,
+    /// A bearer token for the readiness probe (a server whose `/admin/ready` needs one).
+    ready_token: Option<String>,
 }
 
 impl Options {
@@ -408,6 +410,12 @@ impl Options {
         if !self.toml.ends_with('\n') {
             self.toml.push('\n');
         }
+        self
+    }
+
+    /// The bearer token the readiness probe sends (`auth.open_health = false`).
+    pub fn ready_token(mut self, token: &str) -> Self {
+        self.ready_token = Some(token.to_owned());
         self
     }
 
@@ -552,7 +560,11 @@ impl Server {
                     Err(e) => return Err(format!("cannot watch the unimesh process: {e}")),
                 }
             }
-            if let Ok(r) = Call::new(&quick, "GET", &url).try_send() {
+            let mut probe = Call::new(&quick, "GET", &url);
+            if let Some(token) = &self.opts.ready_token {
+                probe = probe.header("authorization", &format!("Bearer {token}"));
+            }
+            if let Ok(r) = probe.try_send() {
                 if r.status == 200 {
                     return Ok(());
                 }

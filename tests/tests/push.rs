@@ -13,8 +13,12 @@ use unimesh_tests::{event, json, metric, published, wait_for, Options, Server, V
 
 const WAIT: Duration = Duration::from_secs(90);
 
+/// The receivers here listen on loopback, which `push.allowed_hosts` must list (the
+/// default allows public addresses only).
 fn fast() -> Options {
-    Options::new().toml("[mesh]\nflush_interval_ms = 20\n[push]\nscan_interval_ms = 50\n")
+    Options::new().toml(
+        "[mesh]\nflush_interval_ms = 20\n[push]\nscan_interval_ms = 50\nallowed_hosts = \"127.0.0.1\"\n",
+    )
 }
 
 fn push_group(s: &Server, group: &str, topic: &str, url: &str, extra: Value) {
@@ -136,7 +140,7 @@ fn an_always_failing_subscriber_dead_letters_once_and_replays() {
 #[test]
 fn a_slow_subscriber_times_out_and_does_not_slow_another_group() {
     let s = Server::start(Options::new().toml(
-        "[mesh]\nflush_interval_ms = 20\n[push]\nscan_interval_ms = 50\nrequest_timeout_ms = 300\n",
+        "[mesh]\nflush_interval_ms = 20\n[push]\nscan_interval_ms = 50\nrequest_timeout_ms = 300\nallowed_hosts = \"127.0.0.1\"\n",
     ));
     let slow = Hook::start(|r, _| {
         let a = HookAnswer::status(200);

@@ -76,6 +76,17 @@ pub struct OffsetRow {
     pub owner: Option<String>,
 }
 
+/// A group that pushes to a webhook, as its pusher needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushTarget {
+    pub group: GroupName,
+    pub url: String,
+    /// The signing secret (`whsec_…`), if pushes are signed.
+    pub secret: Option<String>,
+    /// The group's backoff maximum (caps a subscriber's `Retry-After`).
+    pub backoff_max_ms: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct SubscriptionInfo {
     pub spec: SubscriptionSpec,

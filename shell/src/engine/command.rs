@@ -75,9 +75,9 @@ pub(crate) enum Command {
     Metrics {
         reply: Reply<MetricsSnapshot>,
     },
-    /// The groups with `push.url`: (group, url, backoff maximum).
+    /// The groups with `push.url`.
     PushTargets {
-        reply: Reply<Vec<(GroupName, String, u64)>>,
+        reply: Reply<Vec<super::api::PushTarget>>,
     },
     Shutdown {
         reply: Reply<()>,

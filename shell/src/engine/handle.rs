@@ -320,9 +320,9 @@ impl EngineHandle {
             .map_err(|e| EngineError::BadRequest(e.to_string()))
     }
 
-    /// The groups that push to a webhook: (group, URL, the group's backoff maximum). Cheap
-    /// (definitions only, no progress views), so pushers can be matched often.
-    pub async fn push_targets(&self) -> Result<Vec<(GroupName, String, u64)>, EngineError> {
+    /// The groups that push to a webhook. Cheap (definitions only, no progress views), so
+    /// pushers can be matched often.
+    pub async fn push_targets(&self) -> Result<Vec<super::PushTarget>, EngineError> {
         self.ask(|reply| Command::PushTargets { reply }).await
     }
 

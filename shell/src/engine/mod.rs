@@ -35,8 +35,8 @@ use tokio::time::Instant;
 use unimesh_core::{Mesh, MeshConfig, RateLimiter};
 
 pub use api::{
-    ClientInfo, DlqItem, EngineError, MetricsSnapshot, OffsetRow, PublishResult, Settling, Shared,
-    SubscriptionInfo,
+    ClientInfo, DlqItem, EngineError, MetricsSnapshot, OffsetRow, PublishResult, PushTarget,
+    Settling, Shared, SubscriptionInfo,
 };
 pub use handle::EngineHandle;
 pub use ports::{

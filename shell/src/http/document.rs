@@ -33,6 +33,7 @@ pub(super) fn render_with(listener: Listener, config: Option<&Config>) -> Bytes 
         serde_json::to_value(described(listener, openapi(listener))).unwrap_or(Value::Null);
     schema::install(&mut doc);
     link_names(&mut doc);
+    security(&mut doc, listener, config.map(|c| &c.auth));
     if let Some(config) = config {
         apply_limits(&mut doc, config);
     }
@@ -137,25 +138,83 @@ fn apply_limits(doc: &mut Value, config: &Config) {
     );
     // With an allow-list, a push URL must name one of its hosts: the document says so, so a
     // generated client (or a fuzzer) never offers another.
-    let hosts: Vec<String> = config
-        .push
-        .allowed_hosts
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-        .map(regex::escape)
-        .collect();
-    if !hosts.is_empty() {
-        let pattern = format!(
-            "^https?://(?:{}){}",
-            hosts.join("|"),
-            crate::spec_json::PUSH_URL_AFTER_HOST
-        );
+    let policy = super::target::TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default();
+    if let Some(hosts) = policy.host_pattern() {
+        let pattern = format!("^https?://{hosts}{}", crate::spec_json::PUSH_URL_AFTER_HOST);
         set(
             doc,
             &format!("{schemas}/PushDoc/properties/url/pattern"),
             json!(pattern),
         );
+    }
+}
+
+/// The security schemes (issue 19): a bearer token on every operation, and on the two
+/// stream routes the `access_token` query parameter instead. Every operation may answer
+/// 401 and 403. Without identities (the default, and the checked-in copies) a request
+/// without credentials is accepted too (`{}` among the requirements); with them, only
+/// health, readiness and metrics with `auth.open_health`.
+fn security(doc: &mut Value, listener: Listener, auth: Option<&crate::config::Auth>) {
+    let enabled = auth.is_some_and(crate::config::Auth::enabled);
+    let open_health = auth.is_none_or(|a| a.open_health);
+    let mut schemes = json!({
+        "bearerAuth": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A static token of an [auth.identities.NAME] (its SHA-256 in the configuration)."
+        }
+    });
+    if listener == Listener::Traffic {
+        schemes["accessToken"] = json!({
+            "type": "apiKey",
+            "in": "query",
+            "name": super::auth::ACCESS_TOKEN_PARAM,
+            "description": "The same token, on the SSE and WebSocket routes only (a browser's EventSource and WebSocket cannot send headers)."
+        });
+    }
+    if let Some(components) = doc.get_mut("components").and_then(Value::as_object_mut) {
+        components.insert("securitySchemes".to_owned(), schemes);
+    }
+    let error = |description: &str| {
+        json!({
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        })
+    };
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        let stream = path.ends_with("/stream") || path.ends_with("/ws");
+        let open =
+            open_health && matches!(path.as_str(), "/admin/health" | "/admin/ready" | "/metrics");
+        for op in item.values_mut().filter_map(Value::as_object_mut) {
+            let mut requirements = vec![json!({"bearerAuth": []})];
+            if stream {
+                requirements.push(json!({"accessToken": []}));
+            }
+            if !enabled || open {
+                requirements.push(json!({}));
+            }
+            op.insert("security".to_owned(), Value::Array(requirements));
+            if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                responses.insert(
+                    "401".to_owned(),
+                    error("Credentials missing or not valid (`[auth]` configured); `WWW-Authenticate: Bearer`."),
+                );
+                responses.insert(
+                    "403".to_owned(),
+                    error(match listener {
+                        Listener::Admin => "The identity does not have the admin right.",
+                        Listener::Traffic if path.ends_with("/ws") => "The identity does not have the right this route needs, or the page's `Origin` is not allowed.",
+                        Listener::Traffic => "The identity does not have the right this route needs (the message names it).",
+                    }),
+                );
+            }
+        }
     }
 }
 

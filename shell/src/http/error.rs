@@ -21,6 +21,7 @@ use crate::spec_json::FieldError;
 /// Error codes, as they appear in the `error` member.
 pub mod code {
     pub const CONFLICT: &str = "conflict";
+    pub const FORBIDDEN: &str = "forbidden";
     pub const INTERNAL: &str = "internal";
     pub const INVALID_JSON: &str = "invalid-json";
     pub const INVALID_NAME: &str = "invalid-name";
@@ -30,9 +31,11 @@ pub mod code {
     pub const LIMIT: &str = "limit";
     pub const METHOD_NOT_ALLOWED: &str = "method-not-allowed";
     pub const NOT_FOUND: &str = "not-found";
+    pub const ORIGIN_NOT_ALLOWED: &str = "origin-not-allowed";
     pub const RATE_LIMITED: &str = "rate-limited";
     pub const REQUEST_TIMEOUT: &str = "request-timeout";
     pub const TOO_LARGE: &str = "too-large";
+    pub const UNAUTHORIZED: &str = "unauthorized";
     pub const UNAVAILABLE: &str = "unavailable";
     pub const UNKNOWN_GROUP: &str = "unknown-group";
     pub const UNKNOWN_TOPIC: &str = "unknown-topic";
@@ -47,7 +50,7 @@ pub struct ErrorBody {
     /// `invalid-request`, `invalid-subscription`, `invalid-cloudevent`, `not-found`,
     /// `method-not-allowed`, `unknown-group`, `unknown-topic`, `conflict`, `limit`,
     /// `rate-limited`, `too-large`, `unsupported-media-type`, `request-timeout`,
-    /// `unavailable`, `internal`, ...
+    /// `unavailable`, `internal`, `unauthorized`, `forbidden`, `origin-not-allowed`, ...
     pub error: String,
     /// What was wrong, naming the field, header, parameter or limit.
     pub message: String,

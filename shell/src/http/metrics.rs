@@ -4,7 +4,7 @@
 //! Two kinds of numbers:
 //! - what the HTTP layer sees itself, kept in the registry as it happens:
 //!   `unimesh_published_total{topic}`, `unimesh_publish_latency_seconds`,
-//!   `unimesh_http_request_duration_seconds{route}`;
+//!   `unimesh_http_request_duration_seconds{route}`, `unimesh_auth_refused_total{reason}`;
 //! - what the engine knows, read from [`EngineHandle::metrics_snapshot`] at scrape time (a
 //!   collector encodes the snapshot taken for that scrape): `unimesh_delivered_total{group}`,
 //!   `unimesh_acked_total`, `unimesh_nacked_total`, `unimesh_redelivered_total`,
@@ -62,6 +62,7 @@ pub struct Metrics {
     request_duration: Family<Labels, Histogram>,
     late_replies: Counter,
     request_timeouts: Counter,
+    auth_refused: Family<Labels, Counter>,
     snapshot: Arc<Mutex<Option<MetricsSnapshot>>>,
     /// One scrape at a time: a scrape installs its snapshot, then encodes it.
     scrape: Mutex<()>,
@@ -112,6 +113,12 @@ impl Metrics {
             "Request/reply requests answered 504: no reply within timeoutMs",
             request_timeouts.clone(),
         );
+        let auth_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "unimesh_auth_refused",
+            "Requests refused by the auth gate, per reason (missing, invalid, forbidden)",
+            auth_refused.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(SnapshotCollector {
             slot: snapshot.clone(),
@@ -123,6 +130,7 @@ impl Metrics {
             request_duration,
             late_replies,
             request_timeouts,
+            auth_refused,
             snapshot,
             scrape: Mutex::new(()),
         }
@@ -136,6 +144,12 @@ impl Metrics {
 
     pub fn late_replies(&self, n: u64) {
         self.late_replies.inc_by(n);
+    }
+
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.auth_refused
+            .get_or_create(&vec![("reason", reason.to_owned())])
+            .inc();
     }
 
     pub fn request_timed_out(&self) {

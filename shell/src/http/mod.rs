@@ -12,7 +12,9 @@
 //! `document`); a unit test keeps the checked-in copies equal to what the code generates.
 
 mod admin;
+pub mod auth;
 mod body;
+pub mod cors;
 mod document;
 pub mod error;
 mod extract;
@@ -24,6 +26,7 @@ pub mod routes;
 mod schema;
 mod server;
 mod streams;
+pub mod target;
 mod traffic;
 
 #[cfg(test)]
@@ -55,6 +58,12 @@ pub struct App {
     pub documents: Documents,
     pub server: config::Server,
     pub push: config::Push,
+    /// The identities of `[auth]`; `None`: auth is off.
+    pub auth: Option<auth::Gate>,
+    /// Origins of `server.cors_allowed_origins` (CORS and WebSocket `Origin`).
+    pub cors: cors::Origins,
+    /// Where webhooks may push (`push.allowed_hosts` and the mesh's own listeners).
+    pub push_targets: Arc<target::TargetPolicy>,
     /// Slots of open delivery streams (`server.max_streams`).
     pub streams: Arc<Semaphore>,
     /// Request/reply requests waiting for their replies.
@@ -72,8 +81,23 @@ impl App {
             documents: Documents::new(config),
             server: config.server.clone(),
             push: config.push.clone(),
+            // Parsed by `Config::validate` already, like the push targets below.
+            auth: auth::Gate::new(&config.auth),
+            cors: cors::Origins::parse(&config.server.cors_allowed_origins).unwrap_or_default(),
+            // `Config::validate` parsed the list already; a list it refused allows nothing
+            // non-public here.
+            push_targets: Arc::new(
+                target::TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default(),
+            ),
             streams: Arc::new(Semaphore::new(config.server.max_streams)),
             replies: reply::Replies::new(config.limits.max_pending_requests),
         }
+    }
+
+    /// The same app, knowing the addresses its listeners are bound to (never push targets).
+    #[must_use]
+    pub fn listening_on(mut self, own: impl IntoIterator<Item = std::net::SocketAddr>) -> Self {
+        self.push_targets = Arc::new((*self.push_targets).clone().with_own(own));
+        self
     }
 }

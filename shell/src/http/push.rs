@@ -9,8 +9,15 @@
 //! - At most `push.max_concurrency` requests in flight per group (the session's window),
 //!   each with `push.request_timeout_ms`; each group has its own pusher task, so a
 //!   subscriber that is down never slows another group.
-//! - Targets are limited to `push.allowed_hosts` (comma-separated; empty: any), checked
-//!   when the subscription is written and again before every request.
+//! - Targets are limited by `push.allowed_hosts` (see `target`): non-public addresses
+//!   only when listed, the mesh's own listeners never; checked when the subscription is
+//!   written and again at every request after DNS resolution (the connection goes to the
+//!   checked address). A refused target is a failed push (NACK with the group's backoff),
+//!   logged once per pusher. Redirects are not followed: a 3xx is a failed push.
+//! - A group with `push.secret` has every push signed in the style of Standard Webhooks
+//!   (`webhook-id`: the delivery id, `webhook-timestamp`: Unix seconds,
+//!   `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`), so the
+//!   receiver can tell the mesh from anyone else and refuse replays of old requests.
 //!
 //! The supervisor looks at the subscriptions every `push.scan_interval_ms` and starts,
 //! restarts (the URL changed) or forgets pushers; a pusher ends when the engine ends its
@@ -30,8 +37,9 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::{JoinHandle, JoinSet};
 use unimesh_core::{ClientId, Delivery, GroupName};
 
+use super::target::{refusal_in, CheckedResolver, Refusal, TargetPolicy};
 use crate::config::Push as PushConfig;
-use crate::engine::{EngineHandle, PushOutcome};
+use crate::engine::{EngineHandle, PushOutcome, PushTarget};
 use crate::event::to_binary_request_parts;
 
 /// The client id of every group's pusher session.
@@ -43,33 +51,16 @@ pub const DELIVERY_ID_HEADER: &str = "x-unimesh-delivery-id";
 /// The header carrying the attempt number of a pushed event.
 pub const ATTEMPT_HEADER: &str = "x-unimesh-attempt";
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<HttpConnector<CheckedResolver>, Full<Bytes>>;
 
-/// Whether `url`'s host may be pushed to under `allowed` (comma-separated host names;
-/// empty allows every host).
-pub fn host_allowed(allowed: &str, url: &str) -> bool {
-    let allowed: Vec<&str> = allowed
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-        .collect();
-    if allowed.is_empty() {
-        return true;
-    }
-    let Ok(uri) = url.parse::<Uri>() else {
-        return false;
-    };
-    uri.host()
-        .is_some_and(|h| allowed.iter().any(|a| a.eq_ignore_ascii_case(h)))
-}
+/// The Standard Webhooks headers of a signed push.
+pub const WEBHOOK_ID_HEADER: &str = "webhook-id";
+pub const WEBHOOK_TIMESTAMP_HEADER: &str = "webhook-timestamp";
+pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
 
 /// Runs the pushers of every group with `push.url` until the engine stops.
-pub async fn supervise(engine: EngineHandle, config: PushConfig) {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
-    connector.set_nodelay(true);
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
-    let mut running: BTreeMap<GroupName, ((String, u64), JoinHandle<()>)> = BTreeMap::new();
+pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<TargetPolicy>) {
+    let mut running: BTreeMap<GroupName, (PushTarget, JoinHandle<()>)> = BTreeMap::new();
     let every = Duration::from_millis(config.scan_interval_ms);
     loop {
         let targets = engine.push_targets().await;
@@ -78,11 +69,9 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig) {
             return;
         }
         if let Ok(targets) = targets {
-            let mut wanted: BTreeMap<GroupName, (String, u64)> = BTreeMap::new();
-            for (group, url, backoff_max_ms) in targets {
-                wanted.insert(group, (url, backoff_max_ms));
-            }
-            // A changed URL or backoff maximum restarts the group's pusher.
+            let wanted: BTreeMap<GroupName, PushTarget> =
+                targets.into_iter().map(|t| (t.group.clone(), t)).collect();
+            // A changed URL, secret or backoff maximum restarts the group's pusher.
             running.retain(|group, (target, job)| {
                 let keep = !job.is_finished() && wanted.get(group) == Some(target);
                 if !keep {
@@ -90,40 +79,208 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig) {
                 }
                 keep
             });
-            for (group, (url, backoff_max_ms)) in wanted {
+            for (group, target) in wanted {
                 if running.contains_key(&group) {
                     continue;
                 }
-                let job = tokio::spawn(push_group(
-                    engine.clone(),
-                    client.clone(),
-                    config.clone(),
-                    group.clone(),
-                    url.clone(),
-                    backoff_max_ms,
-                ));
-                running.insert(group, ((url, backoff_max_ms), job));
+                let pusher = Pusher::new(policy.clone(), config.clone(), target.clone());
+                let job = tokio::spawn(push_group(engine.clone(), Arc::new(pusher)));
+                running.insert(group, (target, job));
             }
         }
         tokio::time::sleep(every).await;
     }
 }
 
-/// One group's pusher: takes deliveries as requests finish, at most `max_concurrency` at a
-/// time, and settles each by its answer.
-async fn push_group(
-    engine: EngineHandle,
-    client: HttpClient,
+/// One group's pusher: its target, its HTTP client and what its requests share.
+struct Pusher {
+    target: PushTarget,
     config: PushConfig,
-    group: GroupName,
-    url: String,
-    backoff_max_ms: u64,
-) {
+    policy: Arc<TargetPolicy>,
+    client: HttpClient,
+    /// The HMAC key of `push.secret`.
+    key: Option<Vec<u8>>,
+    /// A refused target is logged once per pusher (every push to it fails the same way).
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl Pusher {
+    fn new(policy: Arc<TargetPolicy>, config: PushConfig, target: PushTarget) -> Self {
+        let port = target.url.parse::<Uri>().ok().map(|u| {
+            u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            })
+        });
+        // The resolver checks names; IP literals (which the connector does not resolve) are
+        // checked before each request.
+        let mut connector = HttpConnector::new_with_resolver(CheckedResolver::new(
+            policy.clone(),
+            port.unwrap_or(80),
+        ));
+        connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        // The secret was checked when the subscription was written; one that no longer
+        // parses (never: the format is fixed) would push unsigned, so it is logged.
+        let key = target
+            .secret
+            .as_deref()
+            .and_then(|s| match crate::spec_json::push_secret_key(s) {
+                Ok(k) => Some(k),
+                Err(why) => {
+                    tracing::error!(group = %target.group, why, "push.secret unusable; pushing unsigned");
+                    None
+                }
+            });
+        Self {
+            target,
+            config,
+            policy,
+            client,
+            key,
+            warned: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Pushes one delivery and says how it ended.
+    async fn push(&self, d: &Delivery) -> PushOutcome {
+        match self.push_one(d).await {
+            Ok(outcome) => outcome,
+            Err(refusal) => {
+                if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        group = %self.target.group,
+                        url = %self.target.url,
+                        reason = %refusal,
+                        "push target refused (push.allowed_hosts); its pushes fail and are NACKed"
+                    );
+                }
+                PushOutcome::Nack { delay_ms: None }
+            }
+        }
+    }
+
+    /// POSTs one delivery and says how it ended, or why its target was refused.
+    async fn push_one(&self, d: &Delivery) -> Result<PushOutcome, Refusal> {
+        let (group, url) = (&self.target.group, self.target.url.as_str());
+        let backoff = PushOutcome::Nack { delay_ms: None };
+        self.policy.check_url(url)?;
+        let (mut headers, body) = match to_binary_request_parts(
+            &d.record.body,
+            d.partition,
+            d.record.offset,
+        ) {
+            Ok(parts) => parts,
+            Err(e) => {
+                tracing::error!(%group, id = %d.id, error = %e, "cannot render the event for push");
+                return Ok(backoff);
+            }
+        };
+        let Ok(uri) = url.parse::<Uri>() else {
+            return Ok(backoff);
+        };
+        let id = d.id.to_string();
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            headers.insert(DELIVERY_ID_HEADER, v);
+        }
+        headers.insert(ATTEMPT_HEADER, HeaderValue::from(d.attempt));
+        if let Some(key) = &self.key {
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_secs());
+            let signature = sign(key, &id, timestamp, &body);
+            for (name, value) in [
+                (WEBHOOK_ID_HEADER, id.clone()),
+                (WEBHOOK_TIMESTAMP_HEADER, timestamp.to_string()),
+                (WEBHOOK_SIGNATURE_HEADER, signature),
+            ] {
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    headers.insert(name, v);
+                }
+            }
+        }
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers;
+        let timeout = Duration::from_millis(self.config.request_timeout_ms);
+        let answer = tokio::time::timeout(timeout, async {
+            let res = self.client.request(req).await?;
+            let status = res.status();
+            let retry_after = res
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            // Read (and drop) the answer's body so the connection can be reused.
+            let _ = res.into_body().collect().await;
+            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
+        })
+        .await;
+        Ok(match answer {
+            Ok(Ok((status, _))) if status.is_success() => PushOutcome::Ack,
+            Ok(Ok((status, Some(secs))))
+                if status == StatusCode::TOO_MANY_REQUESTS
+                    || status == StatusCode::SERVICE_UNAVAILABLE =>
+            {
+                let delay_ms = secs.saturating_mul(1000).min(self.target.backoff_max_ms);
+                tracing::debug!(%group, id = %d.id, %status, delay_ms, "push deferred by the subscriber");
+                PushOutcome::Nack {
+                    delay_ms: Some(delay_ms),
+                }
+            }
+            // Anything else fails, a redirect too (never followed: it could lead anywhere).
+            Ok(Ok((status, _))) => {
+                tracing::debug!(%group, id = %d.id, %status, "push refused");
+                backoff
+            }
+            Ok(Err(e)) => {
+                if let Some(refusal) = refusal_in(&e) {
+                    return Err(refusal);
+                }
+                tracing::debug!(%group, id = %d.id, error = %e, "push failed");
+                backoff
+            }
+            Err(_) => {
+                tracing::debug!(%group, id = %d.id, "push timed out");
+                backoff
+            }
+        })
+    }
+}
+
+/// The `webhook-signature` value of a push (Standard Webhooks): `v1,` and the base64 of
+/// HMAC-SHA256 over `id.timestamp.body`.
+pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    use base64::Engine as _;
+    use hmac::Mac as _;
+    // HMAC takes a key of any length: `new_from_slice` cannot fail for it.
+    let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(key) else {
+        return String::new();
+    };
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let tag = mac.finalize().into_bytes();
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(tag)
+    )
+}
+
+/// One group's pusher task: takes deliveries as requests finish, at most `max_concurrency`
+/// at a time, and settles each by its answer.
+async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
+    let group = pusher.target.group.clone();
     let Ok(who) = ClientId::new(PUSH_CLIENT) else {
         return;
     };
     let stream = match engine
-        .open_stream(&group, &who, config.max_concurrency)
+        .open_stream(&group, &who, pusher.config.max_concurrency)
         .await
     {
         Ok(s) => Arc::new(s),
@@ -132,9 +289,9 @@ async fn push_group(
             return;
         }
     };
-    tracing::info!(%group, %url, "webhook pusher started");
+    tracing::info!(%group, url = %pusher.target.url, signed = pusher.key.is_some(), "webhook pusher started");
     let mut inflight: JoinSet<()> = JoinSet::new();
-    let max = config.max_concurrency as usize;
+    let max = pusher.config.max_concurrency as usize;
     loop {
         let free = max.saturating_sub(inflight.len());
         if free == 0 {
@@ -145,11 +302,9 @@ async fn push_group(
             batch = stream.next(free) => {
                 let Some(batch) = batch else { break };
                 for d in batch {
-                    let (client, config, url, stream) =
-                        (client.clone(), config.clone(), url.clone(), stream.clone());
-                    let group = group.clone();
+                    let (pusher, stream) = (pusher.clone(), stream.clone());
                     inflight.spawn(async move {
-                        let outcome = push_one(&client, &config, &group, &url, &d, backoff_max_ms).await;
+                        let outcome = pusher.push(&d).await;
                         stream.settled(vec![d.id], outcome);
                     });
                 }
@@ -163,93 +318,24 @@ async fn push_group(
     tracing::info!(%group, "webhook pusher stopped");
 }
 
-/// POSTs one delivery and says how it ended.
-async fn push_one(
-    client: &HttpClient,
-    config: &PushConfig,
-    group: &GroupName,
-    url: &str,
-    d: &Delivery,
-    backoff_max_ms: u64,
-) -> PushOutcome {
-    let backoff = PushOutcome::Nack { delay_ms: None };
-    if !host_allowed(&config.allowed_hosts, url) {
-        tracing::warn!(%group, %url, "push target not in push.allowed_hosts; NACKed");
-        return backoff;
-    }
-    let (headers, body) =
-        match to_binary_request_parts(&d.record.body, d.partition, d.record.offset) {
-            Ok(parts) => parts,
-            Err(e) => {
-                tracing::error!(%group, id = %d.id, error = %e, "cannot render the event for push");
-                return backoff;
-            }
-        };
-    let Ok(uri) = url.parse::<Uri>() else {
-        return backoff;
-    };
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    if let Ok(v) = HeaderValue::from_str(&d.id.to_string()) {
-        req.headers_mut().insert(DELIVERY_ID_HEADER, v);
-    }
-    req.headers_mut()
-        .insert(ATTEMPT_HEADER, HeaderValue::from(d.attempt));
-    let timeout = Duration::from_millis(config.request_timeout_ms);
-    let answer = tokio::time::timeout(timeout, async {
-        let res = client.request(req).await?;
-        let status = res.status();
-        let retry_after = res
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        // Read (and drop) the answer's body so the connection can be reused.
-        let _ = res.into_body().collect().await;
-        Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
-    })
-    .await;
-    match answer {
-        Ok(Ok((status, _))) if status.is_success() => PushOutcome::Ack,
-        Ok(Ok((status, Some(secs))))
-            if status == StatusCode::TOO_MANY_REQUESTS
-                || status == StatusCode::SERVICE_UNAVAILABLE =>
-        {
-            let delay_ms = secs.saturating_mul(1000).min(backoff_max_ms);
-            tracing::debug!(%group, id = %d.id, %status, delay_ms, "push deferred by the subscriber");
-            PushOutcome::Nack {
-                delay_ms: Some(delay_ms),
-            }
-        }
-        Ok(Ok((status, _))) => {
-            tracing::debug!(%group, id = %d.id, %status, "push refused");
-            backoff
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(%group, id = %d.id, error = %e, "push failed");
-            backoff
-        }
-        Err(_) => {
-            tracing::debug!(%group, id = %d.id, "push timed out");
-            backoff
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The example of the Standard Webhooks specification (its reference libraries' test
+    /// vector): the same key, id, timestamp and body give the same signature.
     #[test]
-    fn the_allow_list_names_hosts() {
-        assert!(host_allowed("", "http://anything:9/x"));
-        assert!(host_allowed(
-            " a.example , b.example",
-            "http://B.example:80/x"
-        ));
-        assert!(!host_allowed("a.example", "http://127.0.0.1:8081/admin"));
-        assert!(!host_allowed("a.example", "not a url"));
+    fn signatures_match_the_standard_webhooks_example() {
+        let key = crate::spec_json::push_secret_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .expect("a valid secret");
+        let body = br#"{"test": 2432232314}"#;
+        assert_eq!(
+            sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, body),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+        assert_ne!(
+            sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_331, body),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Every path is registered through [`on`], which merges the handlers of one path, keeps
 //! the order they are listed in for the `Allow` header, and gives the path a 405 answer in
-//! the API's error shape. Requests that match no path get a 404 in that shape. One
+//! the API's error shape. Requests that match no path get a 404 in that shape. Inside,
+//! the auth gate (`auth`) and, on the traffic listener, CORS (`cors`). One
 //! middleware around each router times every request (the `route` label is the matched
 //! template, so label values stay bounded), logs refusals, and takes `Connection: close`
 //! off HTTP/2 answers.
@@ -92,8 +93,23 @@ pub fn openapi(listener: Listener) -> OpenApi {
 /// The router of one listener, with its 404, its middleware and the app as state.
 pub fn router(listener: Listener, app: Arc<App>) -> Router {
     let (router, _) = api(listener).split_for_parts();
-    router
+    let mut router = router
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            (app.clone(), listener),
+            super::auth::gate,
+        ));
+    // CORS on the traffic listener only (outside the auth gate: a preflight carries no
+    // credentials, and a page must be able to read a 401), for the configured origins (none: no layer).
+    if let (Listener::Traffic, Some(cors)) = (listener, app.cors.layer()) {
+        let origins = app.cors.clone();
+        router = router
+            .layer(cors)
+            .layer(middleware::from_fn(move |req: Request, next: Next| {
+                super::cors::filter_preflight(origins.clone(), req, next)
+            }));
+    }
+    router
         .layer(middleware::from_fn_with_state(app.clone(), observe))
         .with_state(app)
 }

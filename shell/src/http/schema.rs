@@ -13,7 +13,7 @@ use unimesh_core::{Ordering, StartFrom, SubscriptionSpec};
 use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::spec_json::{FilterDoc, PushDoc};
+use crate::spec_json::FilterDoc;
 
 /// A CloudEvent 1.0 in the JSON event format, as a publisher sends it.
 pub struct CloudEvent;
@@ -200,7 +200,16 @@ pub struct SubscriptionDefinition {
     #[schema(pattern = "^(earliest|latest)$")]
     start_from: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    push: Option<PushDoc>,
+    push: Option<PushView>,
+}
+
+/// A group's webhook as `GET` shows it: the secret is never shown.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct PushView {
+    url: String,
+    /// Whether pushes are signed (a `push.secret` was given).
+    signed: bool,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, ToSchema)]
@@ -234,7 +243,10 @@ impl SubscriptionDefinition {
                 StartFrom::Earliest => "earliest",
                 StartFrom::Latest(_) => "latest",
             },
-            push: doc.push,
+            push: doc.push.map(|p| PushView {
+                url: p.url,
+                signed: p.secret.is_some(),
+            }),
         }
     }
 }

@@ -43,10 +43,14 @@ pub(super) struct StreamQuery {
     /// once everything it had not ACKed, to be delivered again.
     #[param(pattern = r"^[A-Za-z0-9._-]{1,200}$")]
     client: String,
+    /// The bearer token, for clients that cannot send `Authorization` (a browser's
+    /// `EventSource` and `WebSocket`); read on the two stream routes only, never logged.
+    #[serde(default)]
+    access_token: Option<String>,
 }
 
 impl QueryParams for StreamQuery {
-    const NAMES: &'static [&'static str] = &["client"];
+    const NAMES: &'static [&'static str] = &["client", "access_token"];
 }
 
 /// Takes a stream slot and opens the engine session; the connection slot of an HTTP/1.1
@@ -200,8 +204,18 @@ pub(super) async fn websocket(
     Params(q, _): Params<StreamQuery>,
     slot: Option<Extension<Arc<ConnSlot>>>,
     version: Version,
+    headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
+    // CORS does not cover WebSocket: a page on any origin may open one, so the origin is
+    // checked here, before anything else (nothing is opened for a refused page).
+    if let Err(origin) = app.cors.check_websocket(&headers) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            code::ORIGIN_NOT_ALLOWED,
+            format!("origin {origin} is not in server.cors_allowed_origins"),
+        ));
+    }
     let upgrade = upgrade.map_err(|e| {
         ApiError::bad_request(
             code::INVALID_REQUEST,

@@ -169,13 +169,10 @@ pub(super) async fn put_subscription(
     }
     let spec = parse_subscription(group, &bytes, &app.subscription)?;
     if let Some(url) = &spec.push_url {
-        if !super::push::host_allowed(&app.push.allowed_hosts, url) {
+        if let Err(why) = app.push_targets.check_url(url) {
             return Err(ApiError::bad_request(
                 code::INVALID_SUBSCRIPTION,
-                format!(
-                    "push.url: its host is not in push.allowed_hosts ({})",
-                    app.push.allowed_hosts
-                ),
+                format!("push.url: {url} is refused: {why} (see push.allowed_hosts)"),
             ));
         }
     }

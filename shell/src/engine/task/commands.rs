@@ -54,8 +54,12 @@ impl EngineTask {
                     .group_names()
                     .filter_map(|g| {
                         let spec = self.mesh.subscription(g)?;
-                        let url = spec.push_url.clone()?;
-                        Some((g.clone(), url, spec.backoff.max_ms))
+                        Some(crate::engine::PushTarget {
+                            group: g.clone(),
+                            url: spec.push_url.clone()?,
+                            secret: spec.push_secret.clone(),
+                            backoff_max_ms: spec.backoff.max_ms,
+                        })
                     })
                     .collect();
                 let _ = reply.send(Ok(targets));

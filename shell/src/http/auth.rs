@@ -1,0 +1,480 @@
+//! Who may do what (issue 19): with identities in `[auth]` (see `config::auth`), every
+//! request of both listeners passes this gate before its handler runs, so a refused
+//! request changes nothing.
+//!
+//! - The caller names itself with `Authorization: Bearer <token>`; on the two stream routes
+//!   (SSE, WebSocket), whose browser clients cannot set headers, also with the
+//!   `access_token` query parameter. The token's SHA-256 is compared with every
+//!   identity's in constant time. The token is never logged (the request log has the
+//!   path only).
+//! - 401 with `WWW-Authenticate: Bearer` for a missing or unknown token; 403 naming the
+//!   identity, the right and the name refused. Both in the API's error shape, both logged
+//!   (identity, route, reason) and counted in `unimesh_auth_refused_total{reason}`.
+//! - Rights by route: publish (topic) for publish and request/reply; consume (group) for
+//!   poll, SSE, WebSocket, ACK, NACK, extend; define (group) for `PUT`/`DELETE` of a
+//!   subscription; consume or define for its `GET`; `admin` for the admin listener, whose
+//!   `/admin/health`, `/admin/ready` and `/metrics` stay open with `auth.open_health`; any
+//!   identity for the rest (the OpenAPI document, unknown routes).
+//!
+//! A delivery id settles only in the group whose route it is sent to, and the core refuses
+//! an id of another group's lane there (`unknown`: leases are unique across groups), so a
+//! right on one group never settles another's deliveries (`tests/auth.rs`).
+
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::RequestExt as _;
+use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
+use http::{Method, StatusCode};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::error::{code, ApiError};
+use super::routes::Listener;
+use super::App;
+use crate::config::auth::{Auth, Identity};
+
+/// The query parameter carrying a token on the stream routes.
+pub const ACCESS_TOKEN_PARAM: &str = "access_token";
+
+/// The routes on which [`ACCESS_TOKEN_PARAM`] is read.
+const STREAM_ROUTES: [&str; 2] = [
+    "/v1/subscriptions/{group}/stream",
+    "/v1/subscriptions/{group}/ws",
+];
+
+/// The identities, ready for checking.
+#[derive(Debug)]
+pub struct Gate {
+    known: Vec<Known>,
+    open_health: bool,
+}
+
+#[derive(Debug)]
+struct Known {
+    name: String,
+    digest: [u8; 32],
+    publish: Names,
+    consume: Names,
+    define: Names,
+    admin: bool,
+}
+
+/// The names of one right: exact, prefixes (`orders.` of `orders.*`), or all (`*`).
+#[derive(Debug, Default)]
+struct Names(Vec<String>);
+
+impl Names {
+    fn new(patterns: &[String]) -> Self {
+        Self(patterns.to_vec())
+    }
+
+    fn allows(&self, name: &str) -> bool {
+        self.0.iter().any(|p| {
+            p == "*"
+                || p == name
+                || p.strip_suffix('*')
+                    .is_some_and(|prefix| prefix.ends_with('.') && name.starts_with(prefix))
+        })
+    }
+}
+
+/// A right, as refusals name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Right {
+    Admin,
+    Consume,
+    Define,
+    Publish,
+}
+
+impl Right {
+    fn as_str(self) -> &'static str {
+        match self {
+            Right::Admin => "admin",
+            Right::Consume => "consume",
+            Right::Define => "define",
+            Right::Publish => "publish",
+        }
+    }
+}
+
+/// What a route needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Need {
+    /// Nothing (health probes with `auth.open_health`).
+    Open,
+    /// Any identity.
+    Identity,
+    /// The admin right.
+    Admin,
+    /// One of these rights on this topic or group (by the route's parameter).
+    On(&'static [Right], String),
+}
+
+/// Why a request was refused: the `reason` label of `unimesh_auth_refused_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// No token at all.
+    Missing,
+    /// A token no identity has (or not a bearer token).
+    Invalid,
+    /// A known identity without the right.
+    Forbidden,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Forbidden => "forbidden",
+            Reason::Invalid => "invalid",
+            Reason::Missing => "missing",
+        }
+    }
+}
+
+impl Gate {
+    /// The gate of `[auth]`, or `None` when no identity is configured (auth off).
+    pub fn new(auth: &Auth) -> Option<Self> {
+        if !auth.enabled() {
+            return None;
+        }
+        let known = auth
+            .identities
+            .iter()
+            .filter_map(|(name, id)| Known::new(name, id))
+            .collect();
+        Some(Self {
+            known,
+            open_health: auth.open_health,
+        })
+    }
+
+    /// The identity whose token this is. Every identity is compared, in constant time.
+    fn identify(&self, token: &str) -> Option<&Known> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for k in &self.known {
+            if bool::from(k.digest.ct_eq(&digest)) {
+                found = Some(k);
+            }
+        }
+        found
+    }
+
+    /// What a request needs: by listener, method and matched route, with its parameters.
+    fn need(
+        &self,
+        listener: Listener,
+        method: &Method,
+        route: Option<&str>,
+        params: &[(String, String)],
+    ) -> Need {
+        let param = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        match listener {
+            Listener::Admin => match route {
+                Some("/admin/health" | "/admin/ready" | "/metrics") if self.open_health => {
+                    Need::Open
+                }
+                _ => Need::Admin,
+            },
+            Listener::Traffic => match route {
+                Some("/v1/topics/{topic}/events" | "/v1/topics/{topic}/request") => {
+                    Need::On(&[Right::Publish], param("topic"))
+                }
+                Some("/v1/subscriptions/{group}") if *method == Method::GET => {
+                    Need::On(&[Right::Consume, Right::Define], param("group"))
+                }
+                Some("/v1/subscriptions/{group}") => Need::On(&[Right::Define], param("group")),
+                Some(
+                    "/v1/subscriptions/{group}/events"
+                    | "/v1/subscriptions/{group}/stream"
+                    | "/v1/subscriptions/{group}/ws"
+                    | "/v1/subscriptions/{group}/ack"
+                    | "/v1/subscriptions/{group}/nack"
+                    | "/v1/subscriptions/{group}/extend",
+                ) => Need::On(&[Right::Consume], param("group")),
+                _ => Need::Identity,
+            },
+        }
+    }
+}
+
+impl Known {
+    /// `None` for a hash that is not 64 hex digits (`Config::validate` refuses those).
+    fn new(name: &str, id: &Identity) -> Option<Self> {
+        let hex = id.token_sha256.as_bytes();
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut digest = [0u8; 32];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let text = std::str::from_utf8(pair).ok()?;
+            digest[i] = u8::from_str_radix(text, 16).ok()?;
+        }
+        Some(Self {
+            name: name.to_owned(),
+            digest,
+            publish: Names::new(&id.publish),
+            consume: Names::new(&id.consume),
+            define: Names::new(&id.define),
+            admin: id.admin,
+        })
+    }
+
+    fn has(&self, right: Right, name: &str) -> bool {
+        match right {
+            Right::Admin => self.admin,
+            Right::Consume => self.consume.allows(name),
+            Right::Define => self.define.allows(name),
+            Right::Publish => self.publish.allows(name),
+        }
+    }
+}
+
+/// The bearer token of a request: the `Authorization` header, or on a stream route the
+/// `access_token` query parameter. `Err(())`: an `Authorization` header that is not a
+/// bearer token.
+fn token_of(req: &Request, route: Option<&str>) -> Result<Option<String>, ()> {
+    if let Some(h) = req.headers().get(AUTHORIZATION) {
+        let text = h.to_str().map_err(|_| ())?;
+        let (scheme, token) = text.trim().split_once(' ').ok_or(())?;
+        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+            return Err(());
+        }
+        return Ok(Some(token.trim().to_owned()));
+    }
+    if route.is_some_and(|r| STREAM_ROUTES.contains(&r)) {
+        if let Some(q) = req.uri().query() {
+            let found = url::form_urlencoded::parse(q.as_bytes())
+                .find(|(k, _)| k == ACCESS_TOKEN_PARAM)
+                .map(|(_, v)| v.into_owned());
+            return Ok(found);
+        }
+    }
+    Ok(None)
+}
+
+/// The middleware of one listener (state: the app and which listener it is).
+pub async fn gate(
+    State((app, listener)): State<(Arc<App>, Listener)>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let Some(gate) = app.auth.as_ref() else {
+        return next.run(req).await;
+    };
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let params: Vec<(String, String)> = match req.extract_parts::<RawPathParams>().await {
+        Ok(p) => p
+            .iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let need = gate.need(listener, req.method(), route.as_deref(), &params);
+    if need == Need::Open {
+        return next.run(req).await;
+    }
+    let shown_route = route.as_deref().unwrap_or(super::routes::UNMATCHED_LABEL);
+    let refuse = |reason: Reason, identity: &str, message: String| {
+        tracing::info!(
+            identity,
+            method = %req.method(),
+            route = shown_route,
+            reason = reason.as_str(),
+            %message,
+            "request refused"
+        );
+        app.metrics.auth_refused(reason.as_str());
+        refusal(reason, message)
+    };
+    let token = match token_of(&req, route.as_deref()) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return refuse(
+                Reason::Missing,
+                "-",
+                "credentials required: send Authorization: Bearer <token>".into(),
+            )
+        }
+        Err(()) => {
+            return refuse(
+                Reason::Invalid,
+                "-",
+                "the Authorization header is not Bearer <token>".into(),
+            )
+        }
+    };
+    let Some(who) = gate.identify(&token) else {
+        return refuse(Reason::Invalid, "-", "the token is not valid".into());
+    };
+    let refused = match &need {
+        Need::Open | Need::Identity => None,
+        Need::Admin => (!who.admin).then(|| "the admin right".to_owned()),
+        Need::On(rights, name) => (!rights.iter().any(|r| who.has(*r, name))).then(|| {
+            let rights: Vec<&str> = rights.iter().map(|r| r.as_str()).collect();
+            let kind = if rights.contains(&"publish") {
+                "topic"
+            } else {
+                "group"
+            };
+            format!("the {} right on {kind} {name}", rights.join(" or "))
+        }),
+    };
+    if let Some(what) = refused {
+        return refuse(
+            Reason::Forbidden,
+            &who.name,
+            format!("identity {} does not have {what}", who.name),
+        );
+    }
+    next.run(req).await
+}
+
+/// A 401 (with `WWW-Authenticate`) or 403 answer.
+fn refusal(reason: Reason, message: String) -> Response {
+    let (status, code, challenge) = match reason {
+        Reason::Missing => (
+            StatusCode::UNAUTHORIZED,
+            code::UNAUTHORIZED,
+            r#"Bearer realm="unimesh""#,
+        ),
+        Reason::Invalid => (
+            StatusCode::UNAUTHORIZED,
+            code::UNAUTHORIZED,
+            r#"Bearer realm="unimesh", error="invalid_token""#,
+        ),
+        Reason::Forbidden => (
+            StatusCode::FORBIDDEN,
+            code::FORBIDDEN,
+            r#"Bearer realm="unimesh", error="insufficient_scope""#,
+        ),
+    };
+    let mut r = ApiError::new(status, code, message).into_response();
+    r.headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha(token: &str) -> String {
+        Sha256::digest(token.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn gate() -> Gate {
+        let mut auth = Auth::default();
+        auth.identities.insert(
+            "shop".into(),
+            Identity {
+                token_sha256: sha("t-shop"),
+                publish: vec!["orders.*".into(), "audit".into()],
+                consume: vec!["billing".into()],
+                define: Vec::new(),
+                admin: false,
+            },
+        );
+        auth.identities.insert(
+            "ops".into(),
+            Identity {
+                token_sha256: sha("t-ops").to_uppercase(),
+                publish: Vec::new(),
+                consume: Vec::new(),
+                define: vec!["*".into()],
+                admin: true,
+            },
+        );
+        Gate::new(&auth).expect("identities: auth on")
+    }
+
+    #[test]
+    fn tokens_name_identities_and_rights_match_exact_and_prefix_names() {
+        let g = gate();
+        assert!(g.identify("nope").is_none());
+        let shop = g.identify("t-shop").expect("known");
+        assert_eq!(shop.name, "shop");
+        assert_eq!(g.identify("t-ops").map(|k| k.name.as_str()), Some("ops"));
+        assert!(shop.has(Right::Publish, "orders.eu"));
+        assert!(shop.has(Right::Publish, "orders.eu.west"));
+        assert!(
+            !shop.has(Right::Publish, "orders"),
+            "orders.* is a prefix of orders."
+        );
+        assert!(!shop.has(Right::Publish, "ordersx"));
+        assert!(shop.has(Right::Publish, "audit"));
+        assert!(!shop.has(Right::Publish, "audit.x"));
+        assert!(shop.has(Right::Consume, "billing"));
+        assert!(!shop.has(Right::Define, "billing"));
+        assert!(!shop.has(Right::Admin, ""));
+        let ops = g.identify("t-ops").expect("known");
+        assert!(ops.has(Right::Define, "anything") && ops.has(Right::Admin, ""));
+        assert!(Gate::new(&Auth::default()).is_none(), "no identities: off");
+    }
+
+    #[test]
+    fn routes_need_their_rights() {
+        let g = gate();
+        let p = |k: &str, v: &str| vec![(k.to_owned(), v.to_owned())];
+        assert_eq!(
+            g.need(
+                Listener::Traffic,
+                &Method::POST,
+                Some("/v1/topics/{topic}/events"),
+                &p("topic", "orders.eu")
+            ),
+            Need::On(&[Right::Publish], "orders.eu".into())
+        );
+        assert_eq!(
+            g.need(
+                Listener::Traffic,
+                &Method::POST,
+                Some("/v1/subscriptions/{group}/ack"),
+                &p("group", "b")
+            ),
+            Need::On(&[Right::Consume], "b".into())
+        );
+        assert_eq!(
+            g.need(
+                Listener::Traffic,
+                &Method::PUT,
+                Some("/v1/subscriptions/{group}"),
+                &p("group", "b")
+            ),
+            Need::On(&[Right::Define], "b".into())
+        );
+        assert_eq!(
+            g.need(Listener::Traffic, &Method::GET, None, &[]),
+            Need::Identity
+        );
+        assert_eq!(
+            g.need(Listener::Admin, &Method::GET, Some("/admin/health"), &[]),
+            Need::Open
+        );
+        assert_eq!(
+            g.need(
+                Listener::Admin,
+                &Method::POST,
+                Some("/admin/dlq/{group}/replay"),
+                &p("group", "b")
+            ),
+            Need::Admin
+        );
+    }
+}
