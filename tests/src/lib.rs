@@ -525,6 +525,11 @@ impl Server {
             for (k, v) in &self.opts.env {
                 cmd.env(k, v);
             }
+            // `UNIMESH_TEST_SERVER_LOG=FILTER`: the servers' log filter (a loop hunting a
+            // rare failure wants the Kafka backend's debug lines).
+            if let Some(filter) = std::env::var_os("UNIMESH_TEST_SERVER_LOG") {
+                cmd.env("UNIMESH_LOG", filter);
+            }
             let child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => panic!("cannot run {}: {e}", bin.display()),

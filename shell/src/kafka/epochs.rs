@@ -245,7 +245,7 @@ mod probe {
     }
 
     /// How long a probe's read may stay silent before the probe's own fetch answers judge it.
-    const QUIET: Duration = Duration::from_millis(500);
+    const QUIET: Duration = Duration::from_millis(1_000);
 
     /// At most this many leftovers of an earlier probe are drained before a probe.
     const MAX_STALE_POLLS: usize = 10_000;
