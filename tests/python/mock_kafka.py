@@ -10,6 +10,8 @@ topic creation, and stamps every record batch with its partition's leader epoch.
 Commands, one per line on stdin, each answered with one line on stdout:
     leader TOPIC PARTITION   # elects the partition's leader again: a new leader epoch
                              # (records appended from now on carry it) -> "ok" | "error N"
+    advertise HOST PORT      # the broker's address in metadata answers becomes HOST:PORT
+                             # (a proxy in front of it) -> "ok" | "error N"
 
 The cluster is driven through librdkafka's C API (ctypes): confluent-kafka's Python API has
 no handle on the mock cluster.
@@ -45,6 +47,9 @@ def librdkafka():
     lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
                                                        ctypes.c_int32, ctypes.c_int32]
     lib.rd_kafka_mock_partition_set_leader.restype = ctypes.c_int
+    lib.rd_kafka_mock_broker_set_host_port.argtypes = [ctypes.c_void_p, ctypes.c_int32,
+                                                       ctypes.c_char_p, ctypes.c_int]
+    lib.rd_kafka_mock_broker_set_host_port.restype = ctypes.c_int
     return lib
 
 
@@ -68,6 +73,10 @@ def main():
             # The one broker (id 1) leads again, in a new epoch.
             code = lib.rd_kafka_mock_partition_set_leader(cluster, words[1].encode(),
                                                           int(words[2]), 1)
+            print("ok" if code == 0 else f"error {code}", flush=True)
+        elif len(words) == 3 and words[0] == "advertise" and words[2].isdigit():
+            code = lib.rd_kafka_mock_broker_set_host_port(cluster, 1, words[1].encode(),
+                                                          int(words[2]))
             print("ok" if code == 0 else f"error {code}", flush=True)
         else:
             print(f"error unknown command {line.strip()!r}", flush=True)
