@@ -82,6 +82,10 @@ pub struct BrokerMetrics {
     /// Lanes whose log diverged from what they knew (a lost tail, found by leader epochs
     /// or a log shorter than the checkpoint): the core forgot from there and reported it.
     pub log_divergences: u64,
+    /// Whether the broker answered the last probe (a gauge).
+    pub broker_up: bool,
+    /// Clients built anew because the one in use was in a fatal state.
+    pub client_rebuilds: u64,
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the

@@ -15,7 +15,8 @@
 //!   `unimesh_log_write_failures_total`, `unimesh_log_disk_bytes`; and on Kafka
 //!   `unimesh_kafka_rebalances_total`, `unimesh_kafka_producer_errors_total`,
 //!   `unimesh_kafka_out_of_range_total`, `unimesh_kafka_commit_failures_total`,
-//!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`
+//!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`,
+//!   `unimesh_kafka_client_rebuilds_total` and the gauge `unimesh_kafka_broker_up`
 //!   (`unimesh_lag` is then the broker's end offset, read every second, minus the
 //!   watermark).
 //!
@@ -336,6 +337,20 @@ impl Collector for SnapshotCollector {
                     let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                     ConstCounter::new(v).encode(m)?;
                 }
+                let m = encoder.encode_descriptor(
+                    "unimesh_kafka_client_rebuilds",
+                    "Kafka clients built anew because the one in use was in a fatal state",
+                    None,
+                    MetricType::Counter,
+                )?;
+                ConstCounter::new(b.client_rebuilds).encode(m)?;
+                let m = encoder.encode_descriptor(
+                    "unimesh_kafka_broker_up",
+                    "1 while the Kafka broker answers the watch's metadata probe, 0 while it does not",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                ConstGauge::new(i64::from(b.broker_up)).encode(m)?;
             }
             if let Some(bytes) = log.disk_bytes {
                 let m = encoder.encode_descriptor(
@@ -404,6 +419,8 @@ mod tests {
                     commit_failures: 0,
                     progress_ranges_dropped: 9,
                     log_divergences: 2,
+                    broker_up: false,
+                    client_rebuilds: 3,
                 }),
             }),
         };
@@ -417,6 +434,8 @@ mod tests {
             "unimesh_kafka_producer_errors_total 1\n",
             "unimesh_kafka_progress_ranges_dropped_total 9\n",
             "unimesh_kafka_log_divergences_total 2\n",
+            "unimesh_kafka_client_rebuilds_total 3\n",
+            "unimesh_kafka_broker_up 0\n",
             "unimesh_epoch 3\n",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
