@@ -243,6 +243,7 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot use Kafka at {}: {e}", cfg.kafka.brokers))?;
         kafka.spawn_offsets_refresh(Duration::from_secs(1));
+        kafka.spawn_watch(Duration::from_secs(1));
         let state_port: Arc<dyn StatePort> =
             Arc::new(KafkaState::new(StoreAdapter::new(state), kafka.clone()));
         let log_port: Arc<dyn LogPort> = Arc::new(kafka.clone());

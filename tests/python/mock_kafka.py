@@ -13,6 +13,8 @@ Commands, one per line on stdin, each answered with one line on stdout:
     errors API CODE COUNT    # the next COUNT requests of Kafka API key API (2: ListOffsets)
                              # are answered with error CODE (6: not leader) -> "ok"
     clear API                # drops the errors still queued for API -> "ok"
+    advertise HOST PORT      # the broker's address in metadata answers becomes HOST:PORT
+                             # (a proxy in front of it) -> "ok" | "error N"
 
 The cluster is driven through librdkafka's C API (ctypes): confluent-kafka's Python API has
 no handle on the mock cluster.
@@ -53,6 +55,9 @@ def librdkafka():
     lib.rd_kafka_mock_push_request_errors_array.restype = None
     lib.rd_kafka_mock_clear_request_errors.argtypes = [ctypes.c_void_p, ctypes.c_int16]
     lib.rd_kafka_mock_clear_request_errors.restype = None
+    lib.rd_kafka_mock_broker_set_host_port.argtypes = [ctypes.c_void_p, ctypes.c_int32,
+                                                       ctypes.c_char_p, ctypes.c_int]
+    lib.rd_kafka_mock_broker_set_host_port.restype = ctypes.c_int
     return lib
 
 
@@ -85,6 +90,10 @@ def main():
         elif len(words) == 2 and words[0] == "clear":
             lib.rd_kafka_mock_clear_request_errors(cluster, int(words[1]))
             print("ok", flush=True)
+        elif len(words) == 3 and words[0] == "advertise" and words[2].isdigit():
+            code = lib.rd_kafka_mock_broker_set_host_port(cluster, 1, words[1].encode(),
+                                                          int(words[2]))
+            print("ok" if code == 0 else f"error {code}", flush=True)
         else:
             print(f"error unknown command {line.strip()!r}", flush=True)
     while True:

@@ -30,6 +30,7 @@ pub mod sse;
 pub use serde_json::{json, Value};
 
 pub mod kafka;
+pub mod proxy;
 
 /// How long a server may take to answer `/admin/ready` after it was started. Generous: a
 /// debug build opening RocksDB on a loaded two-core machine can take seconds.

@@ -50,11 +50,31 @@ impl EngineHandle {
         self.shared.ready.load(AtomicOrdering::Relaxed)
     }
 
-    /// `Err(why)` when the process needs a restart to serve fully again: the engine task
-    /// stopped, or the log refuses appends after a failed write.
+    /// Whether the engine task still runs (it stops at shutdown, for good). Loops that
+    /// serve the engine end when this is false; a log fault does not stop them.
+    pub fn is_running(&self) -> bool {
+        self.shared.healthy.load(AtomicOrdering::Relaxed) && !self.commands.is_closed()
+    }
+
+    /// `Err(why)` when the process cannot serve fully: the engine task stopped, or the
+    /// log reports a fault (the embedded log refuses appends after a failed write, for
+    /// good; the Kafka backend while its broker is unreachable or a client of it is in a
+    /// fatal state, until it is back).
     pub fn health(&self) -> Result<(), String> {
-        if !self.shared.healthy.load(AtomicOrdering::Relaxed) || self.commands.is_closed() {
+        if !self.is_running() {
             return Err("the engine task has stopped".to_owned());
+        }
+        if let Some(fault) = self.log.fault() {
+            return Err(fault);
+        }
+        Ok(())
+    }
+
+    /// `Err(why)` while the instance should get no traffic: still recovering, shutting
+    /// down, or the log reports a fault (see [`EngineHandle::health`]).
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.is_ready() {
+            return Err("the engine is still recovering, or is shutting down".to_owned());
         }
         if let Some(fault) = self.log.fault() {
             return Err(fault);

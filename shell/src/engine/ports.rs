@@ -91,6 +91,10 @@ pub struct BrokerMetrics {
     pub gaps_refuted: u64,
     /// Reads of the progress topic at an assignment that failed and were tried again.
     pub progress_read_retries: u64,
+    /// Whether the broker answered the last probe (a gauge).
+    pub broker_up: bool,
+    /// Clients built anew because the one in use was in a fatal state.
+    pub client_rebuilds: u64,
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the

@@ -54,7 +54,9 @@ pub(super) struct StatusAnswer {
     status: &'static str,
 }
 
-/// Liveness: 503 naming the reason when the process needs a restart.
+/// Health: 503 naming the reason while the process cannot serve fully (the engine
+/// stopped, the log refuses writes, the Kafka broker is unreachable or a Kafka client is
+/// in a fatal state); 200 again once that is over.
 #[utoipa::path(
     get,
     path = "/admin/health",
@@ -63,7 +65,7 @@ pub(super) struct StatusAnswer {
     responses(
         (status = 200, description = "Healthy.", body = StatusAnswer),
         (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
-        (status = 503, description = "Unhealthy: the engine stopped or the log refuses writes.", body = ErrorBody),
+        (status = 503, description = "Unhealthy, and why: the engine stopped, the log refuses writes, or the Kafka broker is unreachable or a Kafka client of it is in a fatal state (200 again once it is back).", body = ErrorBody),
     ),
 )]
 pub(super) async fn health(
@@ -80,7 +82,8 @@ pub(super) async fn health(
     }
 }
 
-/// Readiness: 200 once recovery is done.
+/// Readiness: 200 once recovery is done, 503 naming the reason while recovering, shutting
+/// down or unhealthy (see health).
 #[utoipa::path(
     get,
     path = "/admin/ready",
@@ -89,21 +92,20 @@ pub(super) async fn health(
     responses(
         (status = 200, description = "Ready.", body = StatusAnswer),
         (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
-        (status = 503, description = "Still recovering, or shutting down.", body = ErrorBody),
+        (status = 503, description = "Still recovering, shutting down, or unhealthy (the reason health gives).", body = ErrorBody),
     ),
 )]
 pub(super) async fn ready(
     State(app): State<Arc<App>>,
     _: Params<NoParams>,
 ) -> Result<Json<StatusAnswer>, ApiError> {
-    if app.engine.is_ready() {
-        Ok(Json(StatusAnswer { status: "ready" }))
-    } else {
-        Err(ApiError::new(
+    match app.engine.readiness() {
+        Ok(()) => Ok(Json(StatusAnswer { status: "ready" })),
+        Err(why) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             code::UNAVAILABLE,
-            "not ready: the engine is still recovering, or is shutting down",
-        ))
+            format!("not ready: {why}"),
+        )),
     }
 }
 

@@ -18,6 +18,7 @@
 //!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`,
 //!   `unimesh_kafka_end_anomalies_total`, `unimesh_kafka_gaps_refuted_total`,
 //!   `unimesh_kafka_progress_read_retries_total`
+//!   `unimesh_kafka_client_rebuilds_total` and the gauge `unimesh_kafka_broker_up`
 //!   (`unimesh_lag` is then the broker's end offset, read every second, minus the
 //!   watermark).
 //!
@@ -367,6 +368,20 @@ impl Collector for SnapshotCollector {
                     let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                     ConstCounter::new(v).encode(m)?;
                 }
+                let m = encoder.encode_descriptor(
+                    "unimesh_kafka_client_rebuilds",
+                    "Kafka clients built anew because the one in use was in a fatal state",
+                    None,
+                    MetricType::Counter,
+                )?;
+                ConstCounter::new(b.client_rebuilds).encode(m)?;
+                let m = encoder.encode_descriptor(
+                    "unimesh_kafka_broker_up",
+                    "1 while the Kafka broker answers the watch's metadata probe, 0 while it does not",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                ConstGauge::new(i64::from(b.broker_up)).encode(m)?;
             }
             if let Some(bytes) = log.disk_bytes {
                 let m = encoder.encode_descriptor(
@@ -438,6 +453,8 @@ mod tests {
                     end_anomalies: 5,
                     gaps_refuted: 6,
                     progress_read_retries: 8,
+                    broker_up: false,
+                    client_rebuilds: 3,
                 }),
             }),
         };
@@ -454,6 +471,8 @@ mod tests {
             "unimesh_kafka_end_anomalies_total 5\n",
             "unimesh_kafka_gaps_refuted_total 6\n",
             "unimesh_kafka_progress_read_retries_total 8\n",
+            "unimesh_kafka_client_rebuilds_total 3\n",
+            "unimesh_kafka_broker_up 0\n",
             "unimesh_epoch 3\n",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");

@@ -64,7 +64,7 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<Tar
     let every = Duration::from_millis(config.scan_interval_ms);
     loop {
         let targets = engine.push_targets().await;
-        if targets.is_err() && engine.health().is_err() {
+        if targets.is_err() && !engine.is_running() {
             // The engine task stopped: its sessions ended, so every pusher ends too.
             return;
         }

@@ -1016,6 +1016,12 @@ async fn a_log_that_refuses_appends_makes_health_fail_with_the_reason() {
         "unavailable",
         "unhealthy: a log write failed: disk full",
     );
+    let a = rig.admin(Method::GET, "/admin/ready", Value::Null).await;
+    a.error(
+        503,
+        "unavailable",
+        "not ready: a log write failed: disk full",
+    );
     let a = rig.publish_structured("t", "refused").await;
     a.error(503, "unavailable", "disk full");
     // What was accepted before the fault is still delivered.
@@ -1025,6 +1031,8 @@ async fn a_log_that_refuses_appends_makes_health_fail_with_the_reason() {
 
     rig.log.set_fault(None);
     let a = rig.admin(Method::GET, "/admin/health", Value::Null).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let a = rig.admin(Method::GET, "/admin/ready", Value::Null).await;
     assert_eq!(a.status, StatusCode::OK);
 }
 

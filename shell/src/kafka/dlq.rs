@@ -104,7 +104,7 @@ pub(super) async fn write(
     log: &KafkaLog,
     d: &DeadLetter,
     now_wall_ms: u64,
-) -> Result<madsim_rdkafka::producer::DeliveryFuture, String> {
+) -> Result<super::log::Delivery, String> {
     let topic = dlq_topic(d.topic.as_str(), d.key.group.as_str());
     let name = TopicName::new(&topic).map_err(|e| format!("DLQ topic {topic}: {e}"))?;
     log.topic_partitions(&name, true)
@@ -144,7 +144,7 @@ pub(super) fn resolve(
     topic: &TopicName,
     key: &DlqKey,
     id: &str,
-) -> Result<madsim_rdkafka::producer::DeliveryFuture, String> {
+) -> Result<super::log::Delivery, String> {
     let t = dlq_topic(topic.as_str(), key.group.as_str());
     let k = dlq_key(key.partition, key.offset, id);
     let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&t).key(k.as_str());

@@ -12,10 +12,11 @@ use madsim_rdkafka::client::DefaultClientContext;
 #[cfg(madsim)]
 use madsim_rdkafka::consumer::BaseConsumer;
 use madsim_rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use madsim_rdkafka::message::ToBytes;
 use madsim_rdkafka::metadata::{Metadata, MetadataTopic};
-use madsim_rdkafka::producer::FutureProducer;
 #[cfg(not(madsim))]
 use madsim_rdkafka::producer::Producer as _;
+use madsim_rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use madsim_rdkafka::ClientConfig;
 use madsim_tokio as tokio;
 use tokio::sync::mpsc;
@@ -43,6 +44,154 @@ pub struct KafkaCounters {
     pub end_anomalies: AtomicU64,
     pub gaps_refuted: AtomicU64,
     pub progress_read_retries: AtomicU64,
+    /// Producers built anew because the one in use was in a fatal state.
+    pub client_rebuilds: AtomicU64,
+}
+
+/// The shared producer, replaceable: librdkafka's idempotent producer can enter a fatal
+/// state (after an outage: `ProducerFenced`, `OutOfOrderSequence`) from which it never
+/// returns, so a fresh one is built from the same configuration and takes its place
+/// ([`KafkaLog::rebuild_producer`]). Writers queue through [`ProducerSlot::send_result`],
+/// which holds the lock only to queue, so the slot owns the only handle and the old
+/// producer is closed on a thread of its own.
+pub(super) struct ProducerSlot {
+    current: Mutex<FutureProducer>,
+    /// What every write's [`Delivery`] reports to (progress and DLQ writes too).
+    #[cfg_attr(madsim, allow(dead_code))]
+    reports: Arc<Reports>,
+    /// Counts the replacements (a failure names the producer it came from by it).
+    #[cfg_attr(madsim, allow(dead_code))]
+    generation: AtomicU64,
+    #[cfg_attr(madsim, allow(dead_code))]
+    config: ClientConfig,
+    /// Held while a producer is being built, so two failures make one new producer.
+    #[cfg(not(madsim))]
+    rebuilding: tokio::sync::Mutex<()>,
+}
+
+impl ProducerSlot {
+    /// Queues a record on the current producer (as `FutureProducer::send_result`, whose
+    /// error hands the record back: hence its size).
+    #[allow(clippy::result_large_err)]
+    pub fn send_result<'a, K, P>(
+        &self,
+        record: FutureRecord<'a, K, P>,
+    ) -> Result<Delivery, (KafkaError, FutureRecord<'a, K, P>)>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
+        let report = lock(&self.current).send_result(record)?;
+        Ok(Delivery {
+            report,
+            #[cfg(not(madsim))]
+            generation: self.generation(),
+            #[cfg(not(madsim))]
+            reports: self.reports.clone(),
+        })
+    }
+
+    /// The current producer, for questions (metadata, offsets) rather than writes.
+    #[cfg(not(madsim))]
+    fn get(&self) -> FutureProducer {
+        lock(&self.current).clone()
+    }
+
+    #[cfg_attr(madsim, allow(dead_code))]
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Why the current producer cannot be used, if it cannot: librdkafka's fatal error,
+    /// or a write's error that leaves it unusable.
+    #[cfg(not(madsim))]
+    fn fatal(&self) -> Option<String> {
+        let fatal = lock(&self.current)
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code:?}: {reason}"));
+        fatal.or_else(|| {
+            lock(&self.reports.broken)
+                .as_ref()
+                .filter(|(g, _)| *g == self.generation())
+                .map(|(_, why)| why.clone())
+        })
+    }
+}
+
+/// What the writes of the producers tell about them, shared with every [`Delivery`].
+#[derive(Debug)]
+pub(super) struct Reports {
+    /// A producer whose writes failed in a way that leaves it unusable although librdkafka
+    /// does not flag it fatal: its generation and why.
+    broken: Mutex<Option<(u64, String)>>,
+    /// Since when the broker has answered every probe of the watch (None while it does
+    /// not, or before the first).
+    #[cfg(not(madsim))]
+    reachable_since: Mutex<Option<std::time::Instant>>,
+    /// How long a write may wait for the broker (`message.timeout.ms`).
+    #[cfg_attr(madsim, allow(dead_code))]
+    message_timeout: Duration,
+}
+
+#[cfg(not(madsim))]
+impl Reports {
+    /// Why a write's error `e` leaves the producer unusable, if it does: an error that
+    /// breaks the idempotent producer's state (tansu answers `ProducerFenced` to every
+    /// write after an outage, without librdkafka flagging it fatal), or a write that timed
+    /// out although the broker answered every probe for longer than a write may wait
+    /// (tansu restarted empty answers `UnknownProducerId` to the old producer id forever,
+    /// which librdkafka retries until the write times out).
+    fn breaks(&self, e: &KafkaError) -> Option<String> {
+        if fatal_code(e) {
+            return Some(e.to_string());
+        }
+        let timed_out = e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut);
+        let answered =
+            lock(&self.reachable_since).is_some_and(|since| since.elapsed() > self.message_timeout);
+        (timed_out && answered)
+            .then(|| format!("{e}, although the broker answered throughout: the producer is stuck"))
+    }
+}
+
+/// The delivery report of one write ([`ProducerSlot::send_result`]), resolving to what
+/// `DeliveryFuture` resolves to; an error that leaves the producer unusable marks it
+/// broken on the way, whichever writer (publish, progress, DLQ) saw it.
+pub(super) struct Delivery {
+    report: DeliveryFuture,
+    #[cfg(not(madsim))]
+    generation: u64,
+    #[cfg(not(madsim))]
+    reports: Arc<Reports>,
+}
+
+impl std::future::Future for Delivery {
+    type Output = <DeliveryFuture as std::future::Future>::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let out = std::pin::Pin::new(&mut self.report).poll(cx);
+        #[cfg(not(madsim))]
+        if let std::task::Poll::Ready(Ok(Err((e, _)))) = &out {
+            if let Some(why) = self.reports.breaks(e) {
+                let mut broken = lock(&self.reports.broken);
+                if broken.as_ref().is_none_or(|(g, _)| *g < self.generation) {
+                    *broken = Some((self.generation, why));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What the broker watch ([`KafkaLog::spawn_watch`]) found: why the broker is unreachable,
+/// or why the producer is fatal, for health and readiness; both clear when it is over.
+#[derive(Debug, Default)]
+pub(super) struct BrokerHealth {
+    unreachable: Mutex<Option<String>>,
+    fatal: Mutex<Option<String>>,
 }
 
 /// The Kafka cluster as the engine's log: a shared idempotent producer, topic creation, end
@@ -54,7 +203,7 @@ pub struct KafkaLog {
 
 pub(super) struct Inner {
     pub settings: KafkaSettings,
-    pub producer: FutureProducer,
+    pub producer: ProducerSlot,
     admin: AdminClient<DefaultClientContext>,
     /// Metadata and end offsets: the simulated producer has no client to ask them with.
     #[cfg(madsim)]
@@ -77,6 +226,7 @@ pub(super) struct Inner {
     #[cfg(not(madsim))]
     pub runtime: tokio::runtime::Handle,
     pub counters: KafkaCounters,
+    health: BrokerHealth,
     pub progress: Arc<super::progress::ProgressReader>,
 }
 
@@ -142,10 +292,23 @@ impl KafkaLog {
             .await
             .map_err(|e| format!("cannot create the Kafka metadata client: {e}"))?;
         let progress = Arc::new(super::progress::ProgressReader::new(&settings).await?);
+        let message_timeout = settings.request_timeout;
         let log = Self {
             inner: Arc::new(Inner {
                 settings,
-                producer,
+                producer: ProducerSlot {
+                    current: Mutex::new(producer),
+                    reports: Arc::new(Reports {
+                        broken: Mutex::new(None),
+                        #[cfg(not(madsim))]
+                        reachable_since: Mutex::new(None),
+                        message_timeout,
+                    }),
+                    generation: AtomicU64::new(0),
+                    config: pc,
+                    #[cfg(not(madsim))]
+                    rebuilding: tokio::sync::Mutex::new(()),
+                },
                 admin,
                 #[cfg(madsim)]
                 meta,
@@ -159,6 +322,7 @@ impl KafkaLog {
                 #[cfg(not(madsim))]
                 runtime: tokio::runtime::Handle::current(),
                 counters: KafkaCounters::default(),
+                health: BrokerHealth::default(),
                 progress,
             }),
         };
@@ -210,6 +374,7 @@ impl KafkaLog {
         let meta = self
             .inner
             .producer
+            .get()
             .client()
             .fetch_metadata(topic, timeout)
             .await;
@@ -319,7 +484,9 @@ impl KafkaLog {
     ) -> Result<(Offset, Offset), String> {
         let timeout = self.inner.settings.request_timeout;
         #[cfg(not(madsim))]
-        let client = self.inner.producer.client();
+        let producer = self.inner.producer.get();
+        #[cfg(not(madsim))]
+        let client = producer.client();
         #[cfg(madsim)]
         let client = &self.inner.meta;
         let (lo, hi) = client
@@ -381,6 +548,11 @@ impl KafkaLog {
                 if Arc::strong_count(&log.inner) <= 1 {
                     break;
                 }
+                // Each read blocks its thread up to the request timeout while the broker
+                // is away; the watch says when it is back.
+                if lock(&log.inner.health.unreachable).is_some() {
+                    continue;
+                }
                 let topics: Vec<(TopicName, u32)> = lock(&log.inner.topics)
                     .iter()
                     .map(|(t, n)| (t.clone(), *n))
@@ -397,6 +569,199 @@ impl KafkaLog {
     fn events(&self) -> Option<mpsc::Sender<GroupEvent>> {
         lock(&self.inner.events).clone()
     }
+
+    /// Watches the broker every `every` on a thread of its own: a metadata request through
+    /// the producer is the probe (answered: the broker is reachable; failed within the
+    /// probe timeout: it is not — librdkafka's error callbacks say when every broker went
+    /// down but never that one came back, and a connection can be up while nothing is
+    /// answered); a producer in a fatal state is replaced; topics the mesh knew and the
+    /// broker no longer lists (a broker restarted empty) are forgotten, so their next use
+    /// creates them again, and the mesh's own topics are created again at once.
+    #[cfg(not(madsim))]
+    pub fn spawn_watch(&self, every: Duration) {
+        let log = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kafka-watch".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                if Arc::strong_count(&log.inner) <= 1 {
+                    break;
+                }
+                let runtime = log.inner.runtime.clone();
+                runtime.block_on(log.watch_once());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the Kafka broker watch; health will not report the broker");
+        }
+    }
+
+    /// One round of [`KafkaLog::spawn_watch`].
+    #[cfg(not(madsim))]
+    async fn watch_once(&self) {
+        if let Some(why) = self.inner.producer.fatal() {
+            let seen = self.inner.producer.generation();
+            self.rebuild_producer(seen, &why).await;
+        }
+        let timeout = self.inner.settings.request_timeout.min(PROBE_TIMEOUT);
+        let probe = self
+            .inner
+            .producer
+            .get()
+            .client()
+            .fetch_metadata(None, timeout)
+            .await;
+        let brokers = &self.inner.settings.brokers;
+        let meta = match probe {
+            Ok(m) if !m.brokers().is_empty() => m,
+            Ok(_) => {
+                self.set_unreachable(Some("its metadata lists no broker".into()));
+                return;
+            }
+            Err(e) => {
+                self.set_unreachable(Some(format!("a metadata request failed: {e}")));
+                return;
+            }
+        };
+        self.set_unreachable(None);
+        let listed: std::collections::BTreeSet<&str> = meta
+            .topics()
+            .iter()
+            .filter(|t| topic_listed(t))
+            .map(MetadataTopic::name)
+            .collect();
+        let gone: Vec<TopicName> = lock(&self.inner.topics)
+            .keys()
+            .filter(|t| !listed.contains(t.as_str()))
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for t in &gone {
+            lock(&self.inner.topics).remove(t);
+        }
+        tracing::warn!(
+            %brokers,
+            topics = ?gone.iter().map(TopicName::as_str).collect::<Vec<_>>(),
+            "the Kafka broker no longer has topics the mesh used (restarted empty?); \
+             each is created again on its next use"
+        );
+        let s = &self.inner.settings;
+        for own in [&s.progress_topic, &s.subscriptions_topic] {
+            if let Some(t) = gone.iter().find(|t| t.as_str() == own.as_str()) {
+                if let Err(e) = self.topic_partitions(t, true).await {
+                    tracing::warn!(topic = %t, error = ?e, "cannot create the topic again yet");
+                }
+            }
+        }
+    }
+
+    /// Records whether the broker answered the last probe, logging each change once.
+    #[cfg(not(madsim))]
+    fn set_unreachable(&self, why: Option<String>) {
+        let brokers = &self.inner.settings.brokers;
+        let mut cur = lock(&self.inner.health.unreachable);
+        match (&*cur, &why) {
+            (None, Some(w)) => {
+                tracing::warn!(%brokers, reason = %w, "the Kafka broker is unreachable")
+            }
+            (Some(_), None) => tracing::info!(%brokers, "the Kafka broker is reachable again"),
+            _ => {}
+        }
+        let mut since = lock(&self.inner.producer.reports.reachable_since);
+        match (&why, *since) {
+            (Some(_), _) => *since = None,
+            (None, None) => *since = Some(std::time::Instant::now()),
+            (None, Some(_)) => {}
+        }
+        *cur = why;
+    }
+
+    /// Replaces the producer of generation `seen` (found in a fatal state: `why`) with a
+    /// fresh one built from the same configuration; nothing when it was replaced already.
+    /// Until a new one is in place, health and publishes name `why`.
+    #[cfg(not(madsim))]
+    pub(super) async fn rebuild_producer(&self, seen: u64, why: &str) {
+        let slot = &self.inner.producer;
+        let _building = slot.rebuilding.lock().await;
+        if slot.generation() != seen {
+            return;
+        }
+        *lock(&self.inner.health.fatal) = Some(why.to_owned());
+        tracing::warn!(reason = %why, "the Kafka producer is in a fatal state; building a new one");
+        let fresh: FutureProducer = match slot.config.create().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build a new Kafka producer; trying again soon");
+                return;
+            }
+        };
+        let old = std::mem::replace(&mut *lock(&slot.current), fresh);
+        slot.generation.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .counters
+            .client_rebuilds
+            .fetch_add(1, Ordering::Relaxed);
+        *lock(&self.inner.health.fatal) = None;
+        tracing::info!("a new Kafka producer replaced the fatal one");
+        // Closing purges what the old one still held (each write gets its error) and waits
+        // for librdkafka's threads: not on the runtime.
+        let closing = std::thread::Builder::new()
+            .name("kafka-producer-close".into())
+            .spawn(move || drop(old));
+        if let Err(e) = closing {
+            tracing::warn!(error = %e, "the old Kafka producer is closed in place");
+        }
+    }
+
+    /// After a failed write: replaces the producer when the failure means it is fatal
+    /// (librdkafka says so, or the idempotence state is broken), so the next write goes
+    /// through a fresh one.
+    #[cfg(not(madsim))]
+    async fn after_failure(&self, seen: u64, e: &KafkaError) {
+        let why = self
+            .inner
+            .producer
+            .fatal()
+            .or_else(|| self.inner.producer.reports.breaks(e));
+        if let Some(why) = why {
+            self.rebuild_producer(seen, &why).await;
+        }
+    }
+}
+
+/// How long the broker watch waits for a metadata answer (at most `request_timeout`).
+#[cfg(not(madsim))]
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[cfg(not(madsim))]
+/// Whether a write error means the idempotent producer cannot go on (librdkafka makes
+/// these fatal for an idempotent producer; a fresh one starts a new producer id).
+fn fatal_code(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    e.rdkafka_error_code().is_some_and(|c| {
+        matches!(
+            c,
+            C::Fatal
+                | C::ProducerFenced
+                | C::InvalidProducerEpoch
+                | C::OutOfOrderSequenceNumber
+                | C::UnknownProducerId
+                | C::InvalidProducerIdMapping
+        )
+    })
+}
+
+#[cfg(not(madsim))]
+/// Whether a write error says the topic is not at the broker (deleted, or a broker
+/// restarted empty): the topic is forgotten, and its next use creates it again.
+fn unknown_topic(e: &KafkaError) -> bool {
+    e.rdkafka_error_code().is_some_and(|c| {
+        matches!(
+            c,
+            RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::UnknownTopicOrPartition
+        )
+    })
 }
 
 /// Whether the broker lists `t` as a usable topic.
@@ -415,9 +780,46 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A broker error as the publisher sees it (503).
-fn produce_error(e: &KafkaError) -> AppendError {
-    AppendError::Unavailable(format!("the Kafka broker did not take the write: {e}"))
+impl KafkaLog {
+    /// A broker error as the publisher sees it (503), with what health knows of the
+    /// broker.
+    fn produce_error(&self, e: &KafkaError) -> AppendError {
+        match self.fault() {
+            Some(fault) => AppendError::Unavailable(format!(
+                "the Kafka broker did not take the write: {e} ({fault})"
+            )),
+            None => {
+                AppendError::Unavailable(format!("the Kafka broker did not take the write: {e}"))
+            }
+        }
+    }
+
+    /// The producer's generation for a write, after replacing a fatal producer: a write
+    /// is not queued on a producer that can only fail it.
+    #[cfg(not(madsim))]
+    async fn usable_producer(&self) -> Result<u64, AppendError> {
+        let slot = &self.inner.producer;
+        if let Some(why) = slot.fatal() {
+            self.rebuild_producer(slot.generation(), &why).await;
+            if let Some(why) = slot.fatal() {
+                return Err(AppendError::Unavailable(format!(
+                    "the Kafka producer is in a fatal state ({why}); a new one could not be built yet"
+                )));
+            }
+        }
+        Ok(slot.generation())
+    }
+
+    /// After a write of `topic` failed with `e` on the producer of generation `seen`: an
+    /// unknown topic is forgotten (its next use creates it again), and a fatal producer is
+    /// replaced.
+    #[cfg(not(madsim))]
+    async fn after_write_failure(&self, seen: u64, topic: &TopicName, e: &KafkaError) {
+        if unknown_topic(e) && lock(&self.inner.topics).remove(topic).is_some() {
+            tracing::warn!(%topic, error = %e, "the Kafka broker does not know the topic; it is created again on its next use");
+        }
+        self.after_failure(seen, e).await;
+    }
 }
 
 impl LogPort for KafkaLog {
@@ -449,6 +851,8 @@ impl LogPort for KafkaLog {
     ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
         let log = self.clone();
         Box::pin(async move {
+            #[cfg(not(madsim))]
+            let seen = log.usable_producer().await?;
             log.topic_partitions(&topic, false).await?;
             let inner = &log.inner;
             let mut pending = Vec::with_capacity(items.len());
@@ -478,7 +882,9 @@ impl LogPort for KafkaLog {
                                 .counters
                                 .producer_errors
                                 .fetch_add(1, Ordering::Relaxed);
-                            return Err(produce_error(&e));
+                            #[cfg(not(madsim))]
+                            log.after_write_failure(seen, &topic, &e).await;
+                            return Err(log.produce_error(&e));
                         }
                     }
                 };
@@ -486,6 +892,7 @@ impl LogPort for KafkaLog {
             }
             let mut out = Vec::with_capacity(pending.len());
             let mut failed = None;
+            let mut first_error = None;
             for f in pending {
                 match f.await {
                     Ok(Ok((p, o))) => out.push((p.max(0) as Partition, o.max(0) as Offset)),
@@ -494,7 +901,8 @@ impl LogPort for KafkaLog {
                             .counters
                             .producer_errors
                             .fetch_add(1, Ordering::Relaxed);
-                        failed.get_or_insert(produce_error(&e));
+                        failed.get_or_insert(log.produce_error(&e));
+                        first_error.get_or_insert(e);
                     }
                     Err(_) => {
                         inner
@@ -507,6 +915,12 @@ impl LogPort for KafkaLog {
                     }
                 }
             }
+            #[cfg(not(madsim))]
+            if let Some(e) = &first_error {
+                log.after_write_failure(seen, &topic, e).await;
+            }
+            #[cfg(madsim)]
+            let _ = first_error;
             if let Some(e) = failed {
                 return Err(e);
             }
@@ -580,6 +994,21 @@ impl LogPort for KafkaLog {
         Ok(0)
     }
 
+    fn fault(&self) -> Option<String> {
+        let h = &self.inner.health;
+        if let Some(why) = lock(&h.fatal).as_ref() {
+            return Some(format!(
+                "the Kafka producer is in a fatal state ({why}); a new one is being built"
+            ));
+        }
+        lock(&h.unreachable).as_ref().map(|why| {
+            format!(
+                "the Kafka broker {} is unreachable: {why}",
+                self.inner.settings.brokers
+            )
+        })
+    }
+
     fn metrics(&self) -> Option<LogMetrics> {
         let c = &self.inner.counters;
         Some(LogMetrics {
@@ -597,6 +1026,8 @@ impl LogPort for KafkaLog {
                 end_anomalies: c.end_anomalies.load(Ordering::Relaxed),
                 gaps_refuted: c.gaps_refuted.load(Ordering::Relaxed),
                 progress_read_retries: c.progress_read_retries.load(Ordering::Relaxed),
+                broker_up: lock(&self.inner.health.unreachable).is_none(),
+                client_rebuilds: c.client_rebuilds.load(Ordering::Relaxed),
             }),
         })
     }

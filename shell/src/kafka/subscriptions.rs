@@ -59,7 +59,8 @@ pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
     std::thread::Builder::new()
         .name("kafka-subscriptions".into())
         .spawn(move || {
-            while engine.health().is_ok() {
+            // Until the engine stops; a broker outage only pauses the reads.
+            while engine.is_running() {
                 let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
                     continue;
                 };
