@@ -678,6 +678,7 @@ fn commit_now(
     for (&p, &o) in commits {
         let _ = tpl.add_partition_offset(topic.as_str(), p as i32, KOffset::Offset(o as i64));
     }
+    tracing::debug!(%group, ?commits, ?mode, "committing");
     match run_now(consumer.commit(&tpl, mode)) {
         Some(Ok(())) | None => {}
         Some(Err(e)) => {

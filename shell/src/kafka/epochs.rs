@@ -244,8 +244,12 @@ mod probe {
         (e >= 0).then_some(e)
     }
 
-    /// How long a probe's read may stay silent before the probe's own fetch answers judge it.
-    const QUIET: Duration = Duration::from_millis(1_000);
+    /// How long a probe's read may stay silent before the probe's own fetch answers judge
+    /// it. Long enough that a loaded broker's first answer after an assignment comes
+    /// within it: judged too early, a read looks back needlessly, each look-back waits as
+    /// long again, and the lane's check holds up its group's consumer thread (0.5 s made
+    /// a loaded mock cluster's checks take 4 s and more).
+    const QUIET: Duration = Duration::from_millis(3_000);
 
     /// At most this many leftovers of an earlier probe are drained before a probe.
     const MAX_STALE_POLLS: usize = 10_000;

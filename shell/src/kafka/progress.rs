@@ -799,6 +799,7 @@ impl StatePort for KafkaState {
             }
             for (lane, stamp) in batch.checkpoints.iter().zip(&stamps) {
                 let (key, value, dropped) = progress_record(lane, stamp.gen, s.max_progress_ranges);
+                tracing::debug!(group = %lane.group, partition = lane.partition, gen = ?stamp.gen, watermark = lane.checkpoint.progress.watermark(), ranges = lane.checkpoint.progress.range_count(), "progress record written");
                 if dropped > 0 {
                     inner
                         .counters
