@@ -123,7 +123,9 @@ impl ProducerSlot {
 #[derive(Debug)]
 pub(super) struct Reports {
     /// A producer whose writes failed in a way that leaves it unusable although librdkafka
-    /// does not flag it fatal: its generation and why.
+    /// does not flag it fatal: its generation and why. (Under madsim nothing reads it:
+    /// the simulated producer has no fatal state to rebuild from.)
+    #[cfg_attr(madsim, allow(dead_code))]
     broken: Mutex<Option<(u64, String)>>,
     /// Since when the broker has answered every probe of the watch (None while it does
     /// not, or before the first).
