@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use unimesh_tests::kafka::Broker;
-use unimesh_tests::{json, published, Server, Value};
+use unimesh_tests::{json, published, Delivery, Server, Value};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const GROUP: &str = "barrier";
@@ -28,6 +28,10 @@ fn keyed(i: usize) -> Value {
     let mut e = unimesh_tests::event(&format!("b{i}"), "barrier.test", json!({ "i": i }));
     e["partitionkey"] = json!("one-key");
     e
+}
+
+fn offsets_of(deliveries: &[Delivery]) -> Vec<u64> {
+    deliveries.iter().map(|d| d.offset).collect()
 }
 
 fn subscription() -> Value {
@@ -92,7 +96,7 @@ fn acks_before_a_barrier_stay_done_when_offset_queries_fail_at_the_takeover() {
 
     let again = server.poll_n(GROUP, "c", 1, TIMEOUT);
     assert_eq!(
-        again.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        offsets_of(&again),
         vec![0],
         "only the record in flight at the kill comes back; ACKed ones did (C2):\n{}",
         server.stderr()
@@ -102,7 +106,7 @@ fn acks_before_a_barrier_stay_done_when_offset_queries_fail_at_the_takeover() {
     assert_eq!((placed[0].partition, placed[0].offset), (partition, 20));
     let after = server.poll_n(GROUP, "c", 1, TIMEOUT);
     assert_eq!(
-        after.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        offsets_of(&after),
         vec![20],
         "after the record in flight, the next one published, and nothing ACKed before:\n{}",
         server.stderr()

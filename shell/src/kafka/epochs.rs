@@ -709,34 +709,25 @@ mod tests {
             assert_eq!(got, want, "first record at or after {o}");
             assert!(reads <= 6, "{reads} reads from {o}");
         }
+        // What a read from `o` over `batches` (log from `earliest`) answers, and its reads.
+        let read_at = |batches: &[(Offset, Offset)], o: Offset, earliest: Offset| {
+            let mut reads = 0;
+            let read = read_looking_back(o, earliest, batched_scan(batches, &mut reads));
+            (read, reads)
+        };
+        let found = |from, at| {
+            Ok(Read {
+                from,
+                hit: Some((at, Some(0))),
+            })
+        };
         // A batch start costs one read, and reads from there.
-        let mut reads = 0;
-        let read = read_looking_back(10, 0, batched_scan(&batches, &mut reads));
-        assert_eq!(
-            read,
-            Ok(Read {
-                from: 10,
-                hit: Some((10, Some(0)))
-            })
-        );
-        assert_eq!(reads, 1);
+        assert_eq!(read_at(&batches, 10, 0), (found(10, 10), 1));
         // Inside the last batch nothing comes from there; the batch is found behind.
-        let batches = [(5, 12)];
-        let mut reads = 0;
-        let read = read_looking_back(8, 5, batched_scan(&batches, &mut reads));
-        assert_eq!(
-            read,
-            Ok(Read {
-                from: 5,
-                hit: Some((8, Some(0)))
-            })
-        );
+        assert_eq!(read_at(&[(5, 12)], 8, 5).0, found(5, 8));
         // A whole-batch broker at the log's end: one read more, from just before it.
         let whole: Vec<(Offset, Offset)> = (0..10).map(|o| (o, o + 1)).collect();
-        let mut reads = 0;
-        let read = read_looking_back(10, 0, batched_scan(&whole, &mut reads));
-        assert_eq!(read, Ok(Read { from: 9, hit: None }));
-        assert_eq!(reads, 2);
+        assert_eq!(read_at(&whole, 10, 0), (Ok(Read { from: 9, hit: None }), 2));
     }
 
     #[test]
