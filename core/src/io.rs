@@ -67,6 +67,16 @@ pub enum Input {
         group: GroupName,
         partitions: Vec<Assignment>,
     },
+    /// The group is about to give these partitions up (a rebalance asked for them): they
+    /// hand out and fetch nothing more, while ACKs, NACKs and extends of the deliveries out
+    /// of them still count. The shell flushes until [`crate::Mesh::revoke_pending`] says
+    /// nothing of them waits to be durable, then sends `PartitionsRevoked`: an ACK answered
+    /// while the revocation waited for a flush is durable before the partition leaves
+    /// (issue 23).
+    PartitionsRevoking {
+        group: GroupName,
+        partitions: Vec<Partition>,
+    },
     /// The group no longer owns these partitions: every effect for them stops, and ACKs of
     /// their deliveries answer `revoked` (the seed kept committing: upstream #5360).
     PartitionsRevoked {

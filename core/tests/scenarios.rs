@@ -500,6 +500,70 @@ fn revoked_partition_stops_every_effect_and_late_acks_say_revoked() {
     assert_eq!(w.view("g").clients[0].in_flight, 1);
 }
 
+/// Goal: an ACK answered while a revocation waits for its flush is durable before the
+/// partition leaves, and a partition being revoked hands out nothing more (issue 23: the
+/// shell flushed once, then dropped the lane with the ACKs answered meanwhile, and a
+/// durability barrier answered after them was a lie).
+/// Method: two deliveries on partition 0; the first ACKed and flushed (the persist held
+/// back); `PartitionsRevoking`; the second ACKed while that persist is outstanding; a
+/// NACK'd record and a new one published must not go out; then the persists answered one
+/// by one, `revoke_pending` asked after each.
+#[test]
+fn an_ack_answered_while_a_revocation_flushes_is_durable_before_the_partition_leaves() {
+    let mut w = World::new(World::small_config());
+    w.topic("t", 1);
+    w.subscribe(w.spec("g", "t"));
+    for _ in 0..3 {
+        w.publish("t", 0, "a", None);
+    }
+    let d = w.poll("g", "c", 3);
+    assert_eq!(d.len(), 3);
+    w.advance(100);
+    w.auto_persist = false;
+    w.ack("g", &[d[0].id]);
+    let _ = w.handle(Input::FlushNow);
+    let (first, batch) = w.pending_persists.pop_front().expect("a flush");
+    assert_eq!(batch.checkpoints[0].checkpoint.progress.watermark(), 1);
+    let revoking = vec![0];
+    assert_eq!(
+        w.handle(Input::PartitionsRevoking {
+            group: group("g"),
+            partitions: revoking.clone(),
+        }),
+        Response::Ok
+    );
+    assert!(
+        w.mesh.revoke_pending(&group("g"), &revoking),
+        "the flush is out"
+    );
+    assert_eq!(w.ack("g", &[d[1].id]), vec![Settle::Accepted]);
+    assert_eq!(w.nack("g", &[d[2].id], None), vec![Settle::Accepted]);
+    let before = w.deliveries.len();
+    w.publish("t", 0, "b", None);
+    let _ = w.poll("g", "c2", 10);
+    w.advance(1_000);
+    assert!(
+        w.delivered_since(before).is_empty(),
+        "a partition being revoked hands out nothing"
+    );
+    // The first persist is durable, but the second ACK came after it was written.
+    w.store.apply(&batch);
+    let _ = w.handle(Input::Persisted { ticket: first });
+    assert!(
+        w.mesh.revoke_pending(&group("g"), &revoking),
+        "an ACK since the last persist is not durable yet"
+    );
+    w.persist_all();
+    assert!(!w.mesh.revoke_pending(&group("g"), &revoking));
+    let stored = w.store.checkpoints[&(group("g"), 0)].clone();
+    assert_eq!(stored.progress.watermark(), 2, "both ACKs are in the store");
+    let _ = w.handle(Input::PartitionsRevoked {
+        group: group("g"),
+        partitions: revoking,
+    });
+    assert!(w.view("g").lanes.is_empty());
+}
+
 #[test]
 fn persist_failure_keeps_progress_unconfirmed_and_retries() {
     let mut config = World::small_config();

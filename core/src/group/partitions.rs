@@ -62,6 +62,22 @@ impl Group {
         Response::Ok
     }
 
+    /// These partitions are about to be revoked: their lanes hand out and fetch nothing
+    /// more, and settle what is in flight until `revoke` (`Input::PartitionsRevoking`).
+    pub fn start_revoke(&mut self, cx: &mut Ctx, partitions: &[Partition]) -> Response {
+        for &p in partitions {
+            if p == REPLAY_PARTITION {
+                continue;
+            }
+            if let Some(lane) = self.lanes.get_mut(p) {
+                lane.start_draining();
+                self.lanes.sync(p);
+            }
+        }
+        cx.touch_group(self);
+        Response::Ok
+    }
+
     pub fn revoke(&mut self, cx: &mut Ctx, partitions: &[Partition]) -> Response {
         for &p in partitions {
             if p != REPLAY_PARTITION {
@@ -146,10 +162,24 @@ impl Group {
         }
     }
 
-    /// Writes a dirty lane into a persist.
-    pub fn write_lane(&mut self, p: Partition, batch: &mut PersistBatch) -> Option<WrittenLane> {
+    /// Writes a dirty lane into persist `ticket`.
+    pub fn write_lane(
+        &mut self,
+        p: Partition,
+        batch: &mut PersistBatch,
+        ticket: Ticket,
+    ) -> Option<WrittenLane> {
         let lane = self.lanes.get_mut(p)?;
-        Some(lane.write(batch, &self.name, &self.spec.topic))
+        Some(lane.write(batch, ticket, &self.name, &self.spec.topic))
+    }
+
+    /// Something of one of these partitions' lanes is not durable yet (see
+    /// `Input::PartitionsRevoking`).
+    pub fn unsaved(&self, partitions: &[Partition]) -> bool {
+        partitions
+            .iter()
+            .filter_map(|&p| self.lanes.get(p))
+            .any(Lane::unsaved)
     }
 
     /// A persist that wrote the lane under `lease` with `watermark` is durable.

@@ -232,7 +232,7 @@ impl Lane {
     /// Fetches if the lane may and has room for at least half a batch.
     #[inline]
     pub fn maybe_fetch(&mut self, cx: &mut Ctx, group: &GroupName, topic: &TopicName) {
-        if !self.persistent || !matches!(self.fetch, FetchState::Idle) {
+        if !self.persistent || self.draining || !matches!(self.fetch, FetchState::Idle) {
             return;
         }
         // At the cap on ACK ranges, fetching pauses only above the highest range: below it,

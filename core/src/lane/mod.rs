@@ -87,6 +87,11 @@ pub(crate) struct Lane {
     touched: bool,
     /// The newest ticket that carried this lane and is durable.
     durable_ticket: Ticket,
+    /// The newest ticket that carried this lane (durable or not).
+    written_ticket: Ticket,
+    /// Its partition is being revoked: nothing more is handed out or fetched (see
+    /// `Input::PartitionsRevoking`).
+    draining: bool,
     /// The watermark in that ticket.
     durable_watermark: Option<Offset>,
     committed: Option<Offset>,
@@ -127,6 +132,8 @@ impl Lane {
             dirty: false,
             touched: false,
             durable_ticket: 0,
+            written_ticket: 0,
+            draining: false,
             durable_watermark: None,
             committed: None,
             regressed: None,
@@ -148,6 +155,7 @@ impl Lane {
         lane.unsynced_dead_letters = old.unsynced_dead_letters;
         lane.unsynced_resolved = old.unsynced_resolved;
         lane.unsynced_broker_acks = old.unsynced_broker_acks;
+        lane.draining = old.draining;
         lane
     }
 
@@ -214,6 +222,18 @@ impl Lane {
         self.entries
             .iter()
             .filter_map(|(&o, e)| e.in_flight().map(|f| (o, f)))
+    }
+
+    /// Its partition is being revoked: it hands out and fetches nothing more (what is in
+    /// flight can still be settled). Followed by `LaneTable::sync`.
+    pub fn start_draining(&mut self) {
+        self.draining = true;
+    }
+
+    /// Something of the lane is not durable yet: it is dirty, or the newest persist that
+    /// carried it was not answered durable.
+    pub fn unsaved(&self) -> bool {
+        self.dirty || self.written_ticket > self.durable_ticket
     }
 
     /// Marks the lane dirty; true if it was not (see `Ctx::dirty`).

@@ -26,15 +26,18 @@ impl Lane {
         }
     }
 
-    /// Writes the lane into a persist: its checkpoint (if persistent), and every dead
-    /// letter and resolved DLQ entry not yet durable. The lane is clean afterwards.
+    /// Writes the lane into persist `ticket`: its checkpoint (if persistent), and every
+    /// dead letter and resolved DLQ entry not yet durable. The lane is clean afterwards.
     pub fn write(
         &mut self,
         batch: &mut PersistBatch,
+        ticket: Ticket,
         group: &GroupName,
         topic: &TopicName,
     ) -> WrittenLane {
+        debug_assert!(ticket > self.written_ticket, "tickets only rise");
         self.dirty = false;
+        self.written_ticket = ticket;
         if self.persistent {
             batch.checkpoints.push(LaneCheckpoint {
                 group: group.clone(),

@@ -7,7 +7,8 @@ use crate::io::REPLAY_PARTITION;
 use crate::types::{Offset, Partition};
 
 /// The lanes of one group. Invariant (after every group operation, see `sync`): `ready`
-/// holds exactly the lanes with a ready record, each with its `listed` flag set.
+/// holds exactly the lanes with a ready record that are not draining (being revoked),
+/// each with its `listed` flag set.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LaneTable {
     lanes: BTreeMap<Partition, Lane>,
@@ -81,7 +82,7 @@ impl LaneTable {
             self.ready.remove(&p);
             return;
         };
-        let ready = !lane.ready.is_empty();
+        let ready = !lane.ready.is_empty() && !lane.draining;
         if ready != lane.listed {
             if ready {
                 self.ready.insert(p);
@@ -125,9 +126,8 @@ impl LaneTable {
     /// The ready-lane set agrees with the lanes.
     pub fn check(&self, name: &str) -> Result<(), String> {
         for (&p, lane) in &self.lanes {
-            if self.ready.contains(&p) == lane.ready.is_empty()
-                || lane.listed == lane.ready.is_empty()
-            {
+            let listable = !lane.ready.is_empty() && !lane.draining;
+            if self.ready.contains(&p) != listable || lane.listed != listable {
                 return Err(format!("{name}/{p}: ready-lane set disagrees"));
             }
         }

@@ -246,6 +246,9 @@ impl Mesh {
                     None => Response::Refused(Refusal::UnknownGroup),
                 }
             }
+            Input::PartitionsRevoking { group, partitions } => {
+                self.on_group(&group, |g, cx| g.start_revoke(cx, &partitions))
+            }
             Input::PartitionsRevoked { group, partitions } => {
                 self.on_group(&group, |g, cx| g.revoke(cx, &partitions))
             }

@@ -78,12 +78,17 @@ impl Persistence {
         self.removed_groups.push(name);
     }
 
-    /// Arms the flush timer if something is pending and no flush is armed or blocked.
-    pub fn arm_flush(&self, cx: &mut Ctx) {
-        let pending = cx.has_dirty_lanes()
+    /// Something waits for a persist to carry it.
+    fn pending(&self, cx: &Ctx) -> bool {
+        cx.has_dirty_lanes()
             || !self.dirty_subscriptions.is_empty()
             || !self.removed_groups.is_empty()
-            || self.epoch == EpochState::Unsaved;
+            || self.epoch == EpochState::Unsaved
+    }
+
+    /// Arms the flush timer if something is pending and no flush is armed or blocked.
+    pub fn arm_flush(&self, cx: &mut Ctx) {
+        let pending = self.pending(cx);
         if pending && cx.timers.due(Timer::Flush).is_none() && !self.blocked {
             let at = cx.now + cx.config.flush_interval_ms;
             cx.timers.set(Timer::Flush, at);
@@ -135,7 +140,7 @@ impl Mesh {
             let Some(group) = self.groups.get_mut(g) else {
                 continue;
             };
-            let Some(written) = group.write_lane(p, &mut batch) else {
+            let Some(written) = group.write_lane(p, &mut batch, ticket) else {
                 continue;
             };
             let at = GroupRef {
@@ -247,5 +252,27 @@ impl Mesh {
     /// The persists handed out and not yet answered.
     pub fn outstanding_persists(&self) -> usize {
         self.persistence.outstanding()
+    }
+
+    /// Something waits for a persist to carry it (after a `FlushNow`: the outstanding
+    /// persists were at `max_outstanding_persists`, and the next one carries it).
+    pub fn flush_pending(&self) -> bool {
+        self.persistence.pending(&self.cx)
+    }
+
+    /// The newest persist handed out and not yet answered. Persists are answered in
+    /// order by the shell, so once it is durable, so is everything handed out before it.
+    pub fn newest_outstanding_ticket(&self) -> Option<Ticket> {
+        self.persistence.tickets.keys().next_back().copied()
+    }
+
+    /// Something of these partitions of `group` is not durable yet: a lane is dirty (an
+    /// ACK since the last persist), or the newest persist that carried it was not answered
+    /// durable. The shell flushes a revocation until this is false
+    /// (`Input::PartitionsRevoking`). False for an unknown group.
+    pub fn revoke_pending(&self, group: &GroupName, partitions: &[Partition]) -> bool {
+        self.groups
+            .named(group)
+            .is_some_and(|g| g.unsaved(partitions))
     }
 }

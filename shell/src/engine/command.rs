@@ -102,5 +102,7 @@ pub(crate) enum Event {
         partitions: Vec<Partition>,
         flushed: Result<(), String>,
         done: std::sync::mpsc::SyncSender<()>,
+        /// Which flush of the revocation this was (1 for the first).
+        round: u32,
     },
 }

@@ -13,6 +13,8 @@ use super::*;
 use crate::event::{parse_publish, PublishLimits};
 use crate::state::{MemoryDisk, MemoryStore};
 
+mod revoke;
+
 fn g(s: &str) -> GroupName {
     GroupName::new(s).unwrap()
 }

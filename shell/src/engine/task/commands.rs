@@ -327,15 +327,35 @@ impl EngineTask {
         self.flush_after(reply);
     }
 
-    /// Answers `reply` once the next persist (which carries everything pending now) is
-    /// durable.
+    /// Answers `reply` once everything pending now, and everything handed to a persist
+    /// before, is durable: a durability barrier (docs/DESIGN.md §8).
     pub(super) fn flush_after(&mut self, reply: Reply<()>) {
         self.flush_waiters.push(reply);
         let _ = self.handle(Input::FlushNow);
-        if !self.flush_waiters.is_empty() && self.mesh.outstanding_persists() == 0 {
-            // Nothing was pending and nothing is in flight: already durable.
-            for r in std::mem::take(&mut self.flush_waiters) {
-                let _ = r.send(Ok(()));
+        self.place_flush_waiters();
+    }
+
+    /// Waiters the last flush handed to no persist (nothing was pending, or too many
+    /// persists were out): with nothing pending they wait for the newest persist out
+    /// (persists are answered in order), or are answered now when none is out; with
+    /// something pending they stay for the persist that will carry it. Before, a waiter
+    /// with nothing pending but a persist out waited for whatever persist came next — up
+    /// to a revocation's whole wait on an idle lane.
+    pub(super) fn place_flush_waiters(&mut self) {
+        if self.flush_waiters.is_empty() || self.mesh.flush_pending() {
+            return;
+        }
+        let waiters = std::mem::take(&mut self.flush_waiters);
+        match self.mesh.newest_outstanding_ticket() {
+            Some(ticket) => self
+                .ticket_waiters
+                .entry(ticket)
+                .or_default()
+                .extend(waiters),
+            None => {
+                for r in waiters {
+                    let _ = r.send(Ok(()));
+                }
             }
         }
     }

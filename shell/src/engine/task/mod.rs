@@ -40,6 +40,11 @@ use invariants::InvariantSampler;
 use polls::{PollKey, Polls};
 use sessions::Streams;
 
+/// Flush rounds a revocation waits for at most before its partitions leave with what is
+/// still not durable (redelivered by the next owner, as in flight): each round carries the
+/// settlements of deliveries that were in flight when it began.
+const MAX_REVOKE_FLUSH_ROUNDS: u32 = 16;
+
 pub(crate) struct EngineTask {
     pub mesh: Mesh,
     pub start: Instant,
@@ -522,24 +527,42 @@ impl EngineTask {
                 lost: false,
                 done,
             } => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                self.flush_after(tx);
-                let events = self.events_tx.clone();
-                tokio::spawn(async move {
-                    let flushed = rx.await.map_err(|_| "the engine stopped".to_owned());
-                    let flushed = flushed.and_then(|r| r.map_err(|e| e.to_string()));
-                    let _ = events
-                        .send(Event::RevokeFlushed {
-                            group,
-                            partitions,
-                            flushed,
-                            done,
-                        })
-                        .await;
+                // Nothing more goes out of them; what is in flight can still be settled,
+                // and is flushed before they leave (issue 23).
+                let _ = self.handle(Input::PartitionsRevoking {
+                    group: group.clone(),
+                    partitions: partitions.clone(),
                 });
+                self.flush_revocation(group, partitions, done, 1);
             }
         }
         self.finish_pending();
+    }
+
+    /// Flush round `round` of a revocation: `Event::RevokeFlushed` once it is durable.
+    fn flush_revocation(
+        &mut self,
+        group: GroupName,
+        partitions: Vec<Partition>,
+        done: std::sync::mpsc::SyncSender<()>,
+        round: u32,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.flush_after(tx);
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let flushed = rx.await.map_err(|_| "the engine stopped".to_owned());
+            let flushed = flushed.and_then(|r| r.map_err(|e| e.to_string()));
+            let _ = events
+                .send(Event::RevokeFlushed {
+                    group,
+                    partitions,
+                    flushed,
+                    done,
+                    round,
+                })
+                .await;
+        });
     }
 
     fn on_event(&mut self, event: Event) {
@@ -549,7 +572,20 @@ impl EngineTask {
                 partitions,
                 flushed,
                 done,
+                round,
             } => {
+                // Settled since the round began (an ACK of a delivery in flight): another
+                // round, so no ACK answered before the partitions leave is lost. Nothing new
+                // goes out of them, so the rounds end; the bound is for a client that keeps
+                // NACKing, and the consumer's own wait bounds the time.
+                if flushed.is_ok()
+                    && round < MAX_REVOKE_FLUSH_ROUNDS
+                    && self.mesh.revoke_pending(&group, &partitions)
+                {
+                    self.flush_revocation(group, partitions, done, round + 1);
+                    self.finish_pending();
+                    return;
+                }
                 if let Err(reason) = flushed {
                     // The next owner resumes from the last durable progress: duplicates of
                     // what was ACKed since, never loss.
@@ -592,8 +628,22 @@ impl EngineTask {
                                 "the state store failed: {reason}"
                             ))));
                         }
+                        // A later persist's durability says nothing of this one's content,
+                        // which is pending again: who waits for a later one waits for the
+                        // persist that carries it again.
+                        let later: Vec<Ticket> = self
+                            .ticket_waiters
+                            .range(ticket..)
+                            .map(|(&t, _)| t)
+                            .collect();
+                        for t in later {
+                            if let Some(w) = self.ticket_waiters.remove(&t) {
+                                self.flush_waiters.extend(w);
+                            }
+                        }
                     }
                 }
+                self.place_flush_waiters();
             }
         }
         self.finish_pending();
