@@ -260,11 +260,22 @@ pub struct Kafka {
     /// How long a broker request (metadata, topic creation, commit, delivery report) may
     /// take before it fails.
     pub request_timeout_ms: u64,
+    /// Static group membership (KIP-345): every consumer of this instance joins its group
+    /// with `group.instance.id` = `<kafka.instance>-<group>`, so a restart within the
+    /// session timeout gets its partitions back without a rebalance. Needs a stable, unique
+    /// `kafka.instance`.
+    pub static_membership: bool,
     /// librdkafka properties passed through to every client (`"linger.ms" = "5"`); env
     /// `UNIMESH_KAFKA_PROPERTIES="linger.ms=5,socket.timeout.ms=3000"` (laid over the file's,
     /// property by property). They cannot turn off
     /// what the contract needs (`acks`, idempotence, auto-commit).
     pub properties: BTreeMap<String, String>,
+    /// librdkafka properties for the producer (and the admin client) only, laid over
+    /// `properties` (env `UNIMESH_KAFKA_PRODUCER`).
+    pub producer: BTreeMap<String, String>,
+    /// librdkafka properties for the consumers only (`session.timeout.ms`, ...), laid over
+    /// `properties` (env `UNIMESH_KAFKA_CONSUMER`).
+    pub consumer: BTreeMap<String, String>,
 }
 
 impl Default for Kafka {
@@ -278,13 +289,21 @@ impl Default for Kafka {
             group_prefix: "unimesh.".to_owned(),
             max_progress_ranges: 1_000,
             request_timeout_ms: 10_000,
+            static_membership: false,
             properties: BTreeMap::new(),
+            producer: BTreeMap::new(),
+            consumer: BTreeMap::new(),
         }
     }
 }
 
-/// The key of the pass-through table: any property name is allowed in it.
-const KAFKA_PROPERTIES_KEY: &str = "kafka.properties";
+/// The keys of the pass-through tables: any property name is allowed in them.
+const KAFKA_PROPERTY_TABLES: [&str; 3] = ["kafka.properties", "kafka.producer", "kafka.consumer"];
+
+/// Whether `key` names one of the pass-through tables.
+fn is_property_table(key: &str) -> bool {
+    KAFKA_PROPERTY_TABLES.contains(&key)
+}
 
 /// `k=v,k=v` as a table of strings (the environment form of `kafka.properties`).
 fn parse_properties(text: &str) -> Result<Table, String> {
@@ -761,13 +780,8 @@ impl Config {
             if k.request_timeout_ms == 0 {
                 return bad("kafka.request_timeout_ms", "must be at least 1".into());
             }
-            for fixed in crate::kafka::FIXED_PROPERTIES {
-                if k.properties.contains_key(*fixed) {
-                    return bad(
-                        &format!("kafka.properties.{fixed}"),
-                        "is set by the mesh (the delivery contract depends on it)".into(),
-                    );
-                }
+            if let Err((key, why)) = crate::kafka::check_properties(k) {
+                return bad(&key, why);
             }
         }
         let e = &self.engine;
@@ -984,7 +998,7 @@ fn merge_file(base: &mut Table, file: Table, path: &Path, prefix: &str) -> Resul
         match (slot, value) {
             // Free names, each a table checked when the whole is deserialised.
             (Value::Table(sub), Value::Table(v)) if full == auth::IDENTITIES_KEY => *sub = v,
-            (Value::Table(sub), Value::Table(v)) if full == KAFKA_PROPERTIES_KEY => {
+            (Value::Table(sub), Value::Table(v)) if is_property_table(&full) => {
                 for (name, v) in v {
                     let text = match v {
                         Value::String(s) => s,
@@ -1051,7 +1065,7 @@ fn leaf_keys(table: &Table, prefix: &str, out: &mut Vec<String>) {
             format!("{prefix}.{key}")
         };
         match value {
-            Value::Table(_) if full == KAFKA_PROPERTIES_KEY || full == auth::IDENTITIES_KEY => {
+            Value::Table(_) if is_property_table(&full) || full == auth::IDENTITIES_KEY => {
                 out.push(full)
             }
             Value::Table(sub) => leaf_keys(sub, &full, out),
@@ -1130,7 +1144,7 @@ fn set_from_text(
                     ))
                 }
                 // Laid over the file's table property by property.
-                Value::Table(t) if key == KAFKA_PROPERTIES_KEY => {
+                Value::Table(t) if is_property_table(key) => {
                     let mut merged = t.clone();
                     merged.extend(
                         parse_properties(text).map_err(|_| wrong("NAME=VALUE,NAME=VALUE"))?,
@@ -1540,6 +1554,52 @@ mod tests {
         let f = file("[storage]\nbackend = \"kafka\"\n[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n");
         let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
         assert!(err.contains("kafka.properties.enable.auto.commit"), "{err}");
+
+        // The producer's and the consumers' tables, from the file and the environment.
+        let f = file(
+            "[storage]\nbackend = \"kafka\"\n[kafka]\ninstance = \"edge-1\"\nstatic_membership = true\n\
+             [kafka.producer]\n\"linger.ms\" = 5\n[kafka.consumer]\n\"session.timeout.ms\" = 10000\n",
+        );
+        let c = load(
+            &with_file(&f),
+            env(&[("UNIMESH_KAFKA_CONSUMER", "heartbeat.interval.ms=1000")]),
+        )
+        .expect("loads")
+        .config;
+        assert!(c.kafka.static_membership);
+        assert_eq!(
+            c.kafka.producer.get("linger.ms").map(String::as_str),
+            Some("5")
+        );
+        assert_eq!(
+            c.kafka
+                .consumer
+                .get("session.timeout.ms")
+                .map(String::as_str),
+            Some("10000")
+        );
+        assert_eq!(
+            c.kafka
+                .consumer
+                .get("heartbeat.interval.ms")
+                .map(String::as_str),
+            Some("1000")
+        );
+        assert!(
+            c.kafka.properties.is_empty() && !c.kafka.producer.contains_key("session.timeout.ms")
+        );
+        let f = file("[storage]\nbackend = \"kafka\"\n[kafka.consumer]\n\"group.id\" = \"mine\"\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("kafka.consumer.group.id"), "{err}");
+        let f = file("[storage]\nbackend = \"kafka\"\n[kafka]\nstatic_membership = true\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(
+            err.contains("kafka.static_membership") && err.contains("kafka.instance"),
+            "{err}"
+        );
+        let f = file("[storage]\nbackend = \"kafka\"\n[kafka.producer]\n\"linger.ms\" = [1]\n");
+        let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("kafka.producer.linger.ms"), "{err}");
 
         let err = load(
             &Overrides::default(),

@@ -29,6 +29,7 @@ use unimesh_core::{Assignment, GroupName, Offset, Partition, Record, TopicName};
 
 use super::log::{lock, KafkaLog};
 use super::records::decode_message;
+use super::ClientRole;
 use crate::engine::{GroupEvent, LogRead};
 
 /// How long a fetch at the end of a partition waits before asking the broker again.
@@ -315,7 +316,7 @@ impl Shared {
     ) -> Result<(), String> {
         r.consumer = None;
         r.peeked = None;
-        let mut config = self.log.settings().client_config();
+        let mut config = self.log.settings().client_config(ClientRole::Consumer);
         config
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "error");

@@ -38,6 +38,7 @@ use super::epochs::{divergence, evident_end, known_end, leader_epoch, EpochProbe
 use super::log::{lock, KafkaLog};
 use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
 use super::records::decode_message;
+use super::ClientRole;
 use crate::engine::{GroupEvent, LogRead};
 use madsim_rdkafka::producer::FutureRecord;
 
@@ -87,7 +88,7 @@ impl GroupConsumer {
     ) -> Result<Self, String> {
         let (control, rx) = std_mpsc::channel();
         let s = log.settings();
-        let mut config = s.client_config();
+        let mut config = s.client_config(ClientRole::Consumer);
         config
             .set("group.id", s.group_id(group.as_str()))
             .set("client.id", format!("{}-{}", s.instance, group))
@@ -98,11 +99,20 @@ impl GroupConsumer {
             // never a silent jump.
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false");
-        if !s.properties.contains_key("partition.assignment.strategy") {
+        if !s
+            .properties
+            .sets(ClientRole::Consumer, "partition.assignment.strategy")
+        {
             config.set("partition.assignment.strategy", "cooperative-sticky");
         }
-        if !s.properties.contains_key("queued.max.messages.kbytes") {
+        if !s
+            .properties
+            .sets(ClientRole::Consumer, "queued.max.messages.kbytes")
+        {
             config.set("queued.max.messages.kbytes", "8192");
+        }
+        if let Some(id) = &s.group_instance_id {
+            config.set("group.instance.id", id);
         }
         let ctx = GroupContext {
             log: log.clone(),

@@ -40,6 +40,7 @@ use unimesh_core::{
 
 use super::log::KafkaLog;
 use super::records::{incoming, Outgoing};
+use super::ClientRole;
 use crate::event::STRUCTURED_MEDIA_TYPE;
 use crate::state::DlqEntry;
 
@@ -206,7 +207,7 @@ pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Resu
     let s = log.settings();
     let name = dlq_topic(topic.as_str(), group.as_str());
     let runtime = &log.inner.runtime;
-    let mut c = s.client_config();
+    let mut c = s.client_config(ClientRole::Consumer);
     c.set("group.id", format!("{}dlq-reader", s.group_prefix))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
@@ -283,7 +284,7 @@ pub(super) async fn list(
     use madsim_tokio as tokio;
     let s = log.settings();
     let name = dlq_topic(topic.as_str(), group.as_str());
-    let mut c = s.client_config();
+    let mut c = s.client_config(ClientRole::Consumer);
     c.set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest");

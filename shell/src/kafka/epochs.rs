@@ -235,7 +235,7 @@ mod probe {
     use unimesh_core::{Offset, Partition};
 
     use super::FirstRecord;
-    use crate::kafka::KafkaSettings;
+    use crate::kafka::{ClientRole, KafkaSettings};
 
     /// The leader epoch of a record's batch, `None` when the broker reports none.
     pub fn leader_epoch(m: &BorrowedMessage<'_>) -> Option<i32> {
@@ -262,7 +262,7 @@ mod probe {
 
     impl EpochProbe {
         pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
-            let mut c = settings.client_config();
+            let mut c = settings.client_config(ClientRole::Consumer);
             c.set("group.id", format!("{}epoch-probe", settings.group_prefix))
                 .set("enable.auto.commit", "false")
                 .set("enable.partition.eof", "true")

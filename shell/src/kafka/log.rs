@@ -27,7 +27,7 @@ use super::assigned::AssignedConsumer as GroupConsumer;
 #[cfg(not(madsim))]
 use super::consumer::GroupConsumer;
 use super::records::Outgoing;
-use super::KafkaSettings;
+use super::{ClientRole, KafkaSettings};
 use crate::engine::{AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead};
 use crate::log::AppendItem;
 
@@ -233,14 +233,14 @@ pub(super) struct Inner {
 }
 
 impl KafkaSettings {
-    /// The client configuration every client of the mesh starts from: the brokers, the
-    /// pass-through properties, and the timeouts.
-    pub(super) fn client_config(&self) -> ClientConfig {
+    /// The client configuration a client of `role` starts from: the brokers, the
+    /// timeouts, and the pass-through properties of its role ([`super::PropertyTables::for_role`]).
+    pub(super) fn client_config(&self, role: ClientRole) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
         let ms = self.request_timeout.as_millis().to_string();
         c.set("socket.timeout.ms", &ms);
-        for (k, v) in &self.properties {
+        for (k, v) in &self.properties.for_role(role) {
             c.set(k, v);
         }
         c
@@ -266,16 +266,19 @@ where
 impl KafkaLog {
     /// Connects the producer and the admin client and makes sure the progress topic exists.
     pub async fn open(settings: KafkaSettings) -> Result<Self, String> {
-        let mut pc = settings.client_config();
+        let mut pc = settings.client_config(ClientRole::Producer);
         pc.set("acks", "all").set("enable.idempotence", "true").set(
             "message.timeout.ms",
             settings.request_timeout.as_millis().to_string(),
         );
-        if !settings.properties.contains_key("partitioner") {
+        if !settings
+            .properties
+            .sets(ClientRole::Producer, "partitioner")
+        {
             // What the Java client does, so keys land where other producers put them.
             pc.set("partitioner", "murmur2_random");
         }
-        if !settings.properties.contains_key("linger.ms") {
+        if !settings.properties.sets(ClientRole::Producer, "linger.ms") {
             pc.set("linger.ms", "2");
         }
         let producer: FutureProducer = pc
@@ -283,13 +286,13 @@ impl KafkaLog {
             .await
             .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
         let admin: AdminClient<DefaultClientContext> = settings
-            .client_config()
+            .client_config(ClientRole::Producer)
             .create()
             .await
             .map_err(|e| format!("cannot create the Kafka admin client: {e}"))?;
         #[cfg(madsim)]
         let meta: BaseConsumer = settings
-            .client_config()
+            .client_config(ClientRole::Consumer)
             .create()
             .await
             .map_err(|e| format!("cannot create the Kafka metadata client: {e}"))?;

@@ -37,30 +37,19 @@ mod dlq;
 mod epochs;
 mod log;
 mod progress;
+mod properties;
 mod records;
 #[cfg(not(madsim))]
 mod subscriptions;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use log::KafkaLog;
 pub use progress::KafkaState;
+pub use properties::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
 pub use records::decode_message;
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;
-
-/// librdkafka properties the mesh sets itself, because the delivery contract depends on
-/// them; `kafka.properties` may not name them.
-pub const FIXED_PROPERTIES: &[&str] = &[
-    "acks",
-    "bootstrap.servers",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "enable.idempotence",
-    "group.id",
-    "isolation.level",
-];
 
 /// Everything the Kafka backend needs from the configuration.
 #[derive(Clone, Debug)]
@@ -78,7 +67,9 @@ pub struct KafkaSettings {
     pub request_timeout: Duration,
     /// Largest event read from a record (headers and value); larger ones are dead-lettered.
     pub max_event_bytes: usize,
-    pub properties: BTreeMap<String, String>,
+    /// The group consumers' `group.instance.id` (static membership), when on.
+    pub group_instance_id: Option<String>,
+    pub properties: PropertyTables,
 }
 
 impl KafkaSettings {
@@ -91,6 +82,7 @@ impl KafkaSettings {
         } else {
             k.instance.clone()
         };
+        let group_instance_id = k.static_membership.then(|| instance.clone());
         Self {
             brokers: k.brokers.clone(),
             instance,
@@ -102,7 +94,8 @@ impl KafkaSettings {
             max_progress_ranges: k.max_progress_ranges,
             request_timeout: Duration::from_millis(k.request_timeout_ms),
             max_event_bytes: cfg.limits.max_event_bytes,
-            properties: k.properties.clone(),
+            group_instance_id,
+            properties: PropertyTables::from_config(k),
         }
     }
 

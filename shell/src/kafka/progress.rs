@@ -91,7 +91,7 @@ use unimesh_core::{
 
 use super::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
 use super::log::{lock, KafkaLog};
-use super::KafkaSettings;
+use super::{ClientRole, KafkaSettings};
 use crate::engine::{BoxFut, StatePort, StoreAdapter};
 use crate::state::codec::encode_subscription;
 use crate::state::{DlqEntry, Loaded};
@@ -382,7 +382,7 @@ impl ReaderState {
 
 impl ProgressReader {
     pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
-        let mut c = settings.client_config();
+        let mut c = settings.client_config(ClientRole::Consumer);
         c.set(
             "group.id",
             format!("{}progress-reader", settings.group_prefix),

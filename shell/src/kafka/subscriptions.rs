@@ -17,6 +17,7 @@ use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use unimesh_core::GroupName;
 
 use super::log::KafkaLog;
+use super::ClientRole;
 use crate::engine::{EngineError, EngineHandle};
 use crate::state::codec::{decode_subscription, encode_subscription};
 
@@ -24,7 +25,7 @@ use crate::state::codec::{decode_subscription, encode_subscription};
 pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
     let s = log.settings();
     let topic = s.subscriptions_topic.clone();
-    let mut c = s.client_config();
+    let mut c = s.client_config(ClientRole::Consumer);
     c.set(
         "group.id",
         format!("{}subscriptions-reader", s.group_prefix),
