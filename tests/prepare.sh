@@ -6,7 +6,9 @@
 #     schemathesis (the OpenAPI conformance run, tests/schemathesis/run.sh);
 #   - the tansu Kafka-protocol broker (the Kafka backend's tests start one per test on a free
 #     loopback port, in memory, and stop it when the test ends: tests/src/kafka.rs), built
-#     with cargo outside the clone — about 10 minutes cold on two cores, reused after.
+#     with cargo outside the clone — about 10 minutes cold on two cores, reused after;
+#   - Debian's chromium and playwright-core from npm (tests/browser.rs drives a real headless
+#     browser): chromium by apt-get when missing and this runs as root, else it says so.
 # Then `cargo test --workspace` finds tansu at $TANSU_ROOT/bin/tansu (or set UNIMESH_TANSU).
 set -euo pipefail
 
@@ -22,3 +24,15 @@ if ! "$TANSU_ROOT/bin/tansu" --version 2>/dev/null | grep -q "$TANSU_VERSION"; t
     --root "$TANSU_ROOT" --target-dir "${TANSU_BUILD_DIR:-/var/tmp/tansu-build}"
 fi
 "$TANSU_ROOT/bin/tansu" --version
+
+cd "$(dirname "$0")"
+if ! command -v "${UNIMESH_CHROMIUM:-chromium}" >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian's chromium (tests/browser.rs)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+  else
+    echo "tests/browser.rs needs Chromium: install Debian's chromium package (or set UNIMESH_CHROMIUM)" >&2
+  fi
+fi
+npm ci --prefix browser --no-audit --no-fund --loglevel=error

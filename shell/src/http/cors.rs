@@ -83,10 +83,12 @@ impl Origins {
         )
     }
 
-    /// The WebSocket rule: a request without `Origin` (not from a browser) or from its own
-    /// origin (`Origin` naming the `Host` it was sent to) passes; any other `Origin` must
-    /// be in the list. `Err` carries the refused origin.
-    pub fn check_websocket(&self, headers: &HeaderMap) -> Result<(), String> {
+    /// The rule of the two stream routes (WebSocket, which CORS does not cover, and SSE,
+    /// whose GET a page on any origin may send with a token in its query): a request without
+    /// `Origin` (not from a browser) or from its own origin (`Origin` naming the `Host` it
+    /// was sent to) passes; any other `Origin` must be in the list. `Err` carries the
+    /// refused origin.
+    pub fn check_stream_origin(&self, headers: &HeaderMap) -> Result<(), String> {
         let Some(origin) = headers.get(ORIGIN) else {
             return Ok(());
         };
@@ -170,14 +172,18 @@ mod tests {
         let o = Origins::parse("https://app.example.com").expect("an origin");
         let mut h = HeaderMap::new();
         h.insert(HOST, HeaderValue::from_static("127.0.0.1:8080"));
-        assert_eq!(o.check_websocket(&h), Ok(()), "no Origin: not a browser");
+        assert_eq!(
+            o.check_stream_origin(&h),
+            Ok(()),
+            "no Origin: not a browser"
+        );
         h.insert(ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
-        assert_eq!(o.check_websocket(&h), Ok(()), "same origin");
+        assert_eq!(o.check_stream_origin(&h), Ok(()), "same origin");
         h.insert(ORIGIN, HeaderValue::from_static("https://app.example.com"));
-        assert_eq!(o.check_websocket(&h), Ok(()));
+        assert_eq!(o.check_stream_origin(&h), Ok(()));
         h.insert(ORIGIN, HeaderValue::from_static("https://evil.example"));
         assert_eq!(
-            o.check_websocket(&h),
+            o.check_stream_origin(&h),
             Err("https://evil.example".to_owned())
         );
     }

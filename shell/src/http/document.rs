@@ -209,7 +209,7 @@ fn security(doc: &mut Value, listener: Listener, auth: Option<&crate::config::Au
                     "403".to_owned(),
                     error(match listener {
                         Listener::Admin => "The identity does not have the admin right.",
-                        Listener::Traffic if path.ends_with("/ws") => "The identity does not have the right this route needs, or the page's `Origin` is not allowed.",
+                        Listener::Traffic if stream => "The identity does not have the right this route needs, or the page's `Origin` is not allowed.",
                         Listener::Traffic => "The identity does not have the right this route needs (the message names it).",
                     }),
                 );

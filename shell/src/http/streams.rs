@@ -117,6 +117,9 @@ pub(super) async fn sse(
     headers: HeaderMap,
     version: Version,
 ) -> Result<Response, ApiError> {
+    // CORS would only hide the stream from a page on another origin after the mesh had
+    // leased it deliveries: such a page is refused before a client is attached.
+    check_origin(&app, &headers)?;
     if let Some(last) = headers.get("last-event-id") {
         tracing::debug!(%group, last = ?last, "SSE reconnect");
     }
@@ -209,13 +212,7 @@ pub(super) async fn websocket(
 ) -> Result<Response, ApiError> {
     // CORS does not cover WebSocket: a page on any origin may open one, so the origin is
     // checked here, before anything else (nothing is opened for a refused page).
-    if let Err(origin) = app.cors.check_websocket(&headers) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            code::ORIGIN_NOT_ALLOWED,
-            format!("origin {origin} is not in server.cors_allowed_origins"),
-        ));
-    }
+    check_origin(&app, &headers)?;
     let upgrade = upgrade.map_err(|e| {
         ApiError::bad_request(
             code::INVALID_REQUEST,
@@ -228,6 +225,17 @@ pub(super) async fn websocket(
         ws_session(app, group, socket, stream, heartbeat).await;
         drop(permit);
     }))
+}
+
+/// 403 `origin-not-allowed` for a page on an origin that may not open a stream.
+fn check_origin(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    app.cors.check_stream_origin(headers).map_err(|origin| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            code::ORIGIN_NOT_ALLOWED,
+            format!("origin {origin} is not in server.cors_allowed_origins"),
+        )
+    })
 }
 
 /// A WebSocket client's frame.
