@@ -221,6 +221,24 @@ pub struct Storage {
     /// at once so the disk space comes back (smaller deletions wait for RocksDB's own
     /// compactions, which rewrite less).
     pub retention_reclaim_bytes: u64,
+    /// When the embedded log's appends are durable: `always` (the default: a publish is
+    /// answered once the write holding it is fsynced) or `interval` (answered once written
+    /// to the operating system, fsynced every `sync_interval_ms`: a crash of the process
+    /// loses nothing, a crash of the machine up to `sync_interval_ms` of answered
+    /// publishes). The Kafka backend ignores it (`acks` and the brokers decide there).
+    pub sync: SyncMode,
+    /// The fsync interval of `sync = "interval"`, 1 to 60000 ms.
+    pub sync_interval_ms: u64,
+}
+
+/// `storage.sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// Every append fsynced before it is answered.
+    Always,
+    /// Fsynced every `storage.sync_interval_ms`.
+    Interval,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -462,6 +480,8 @@ impl Default for Storage {
             retention_bytes_per_partition: 0,
             retention_check_ms: 60_000,
             retention_reclaim_bytes: 64 << 20,
+            sync: SyncMode::Always,
+            sync_interval_ms: 100,
         }
     }
 }
@@ -569,6 +589,7 @@ impl Config {
         c.retention_bytes_per_partition =
             (s.retention_bytes_per_partition > 0).then_some(s.retention_bytes_per_partition);
         c.reclaim_after_bytes = s.retention_reclaim_bytes;
+        c.sync_interval_ms = (s.sync == SyncMode::Interval).then_some(s.sync_interval_ms);
         c
     }
 
@@ -754,6 +775,15 @@ impl Config {
         }
         if s.retention_check_ms == 0 {
             return bad("storage.retention_check_ms", "must be at least 1".into());
+        }
+        if s.sync_interval_ms == 0 || s.sync_interval_ms > crate::log::MAX_SYNC_INTERVAL_MS {
+            return bad(
+                "storage.sync_interval_ms",
+                format!(
+                    "must be between 1 and {} (the loss window on a machine crash)",
+                    crate::log::MAX_SYNC_INTERVAL_MS
+                ),
+            );
         }
         let k = &self.kafka;
         if s.backend == StorageBackend::Kafka {
@@ -1467,6 +1497,14 @@ mod tests {
                 "[storage]\nmax_record_bytes = 1048576\n",
                 "storage.max_record_bytes",
             ),
+            (
+                "[storage]\nsync_interval_ms = 0\n",
+                "storage.sync_interval_ms",
+            ),
+            (
+                "[storage]\nsync_interval_ms = 60001\n",
+                "storage.sync_interval_ms",
+            ),
             ("log = \"[[[\"\n", "log"),
         ];
         for (text, key) in cases {
@@ -1476,6 +1514,25 @@ mod tests {
                 other => panic!("{text}: expected an error on {key}, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn storage_sync_reaches_the_log_and_a_wrong_mode_is_named() {
+        let c = load(&Overrides::default(), env(&[])).expect("loads").config;
+        assert_eq!(c.log_config().sync_interval_ms, None, "always by default");
+        let f = file("[storage]\nsync = \"interval\"\nsync_interval_ms = 250\n");
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        assert_eq!(c.log_config().sync_interval_ms, Some(250));
+        let e = env(&[("UNIMESH_STORAGE_SYNC", "interval")]);
+        let c = load(&Overrides::default(), e).expect("loads").config;
+        assert_eq!(c.log_config().sync_interval_ms, Some(100));
+        let f = file("[storage]\nsync = \"sometimes\"\n");
+        let e = load(&with_file(&f), env(&[])).expect_err("an unknown mode");
+        let text = e.to_string();
+        assert!(
+            text.contains("sometimes") || text.contains("sync"),
+            "{text}"
+        );
     }
 
     #[test]

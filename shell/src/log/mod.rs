@@ -76,6 +76,8 @@ const META_CF: &str = "meta";
 /// Above this a stored partition count is taken for corruption rather than a configuration.
 #[cfg(feature = "rocksdb")]
 const PARTITIONS_HARD_MAX: u32 = 1 << 16;
+/// Longest `sync_interval_ms`: the loss window on a machine crash stays short.
+pub const MAX_SYNC_INTERVAL_MS: u64 = 60_000;
 
 /// Milliseconds since the Unix epoch. Injected so tests can age records without sleeping.
 pub trait WallClock: Send + Sync + fmt::Debug {
@@ -126,6 +128,12 @@ pub struct LogConfig {
     pub reclaim_after_bytes: u64,
     /// Source of the append time stored with each record.
     pub clock: Arc<dyn WallClock>,
+    /// `None` (the default): an append is answered once the WAL write holding it is
+    /// fsynced. `Some(ms)`: an append is answered once it is written to the operating
+    /// system, and a syncer thread fsyncs the WAL every `ms` milliseconds while there is
+    /// something to sync. A crash of the process then loses nothing answered; a crash of
+    /// the machine (power, kernel) loses at most the appends answered in the last `ms` ms.
+    pub sync_interval_ms: Option<u64>,
 }
 
 impl LogConfig {
@@ -144,6 +152,7 @@ impl LogConfig {
             retention_bytes_per_partition: None,
             reclaim_after_bytes: 64 << 20,
             clock: Arc::new(SystemClock),
+            sync_interval_ms: None,
         }
     }
 
@@ -171,6 +180,12 @@ impl LogConfig {
         }
         if self.queue_capacity == 0 {
             return bad("queue_capacity must be at least 1");
+        }
+        if self
+            .sync_interval_ms
+            .is_some_and(|ms| ms == 0 || ms > MAX_SYNC_INTERVAL_MS)
+        {
+            return bad("sync_interval_ms must be between 1 and 60000");
         }
         Ok(())
     }
@@ -293,9 +308,10 @@ pub struct Truncation {
 /// Counters since open, for metrics and for judging group commit (records per synced write).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogStats {
-    /// Records durably appended.
+    /// Records appended (durable, or with `sync_interval_ms` written to the system).
     pub records_appended: u64,
-    /// Synced writes that carried them.
+    /// WAL fsyncs: one per group-committed write by default, one per sync interval that
+    /// had something to sync with `sync_interval_ms` (records per fsync either way).
     pub synced_writes: u64,
     /// Appends refused because a write failed.
     pub write_failures: u64,
@@ -311,6 +327,8 @@ pub(crate) struct Shared {
     write_failures: AtomicU64,
     /// Why appends are refused, once a write failed (see `writer.rs`); unset while healthy.
     fault: std::sync::OnceLock<String>,
+    /// Set after a write that was not fsynced (`sync_interval_ms`), cleared by the syncer.
+    unsynced: std::sync::atomic::AtomicBool,
     /// Test hook: this many next synced writes fail as if the disk refused them.
     #[cfg(test)]
     fail_next_writes: AtomicU32,
@@ -429,6 +447,8 @@ struct Inner {
     retention_lock: Mutex<()>,
     tx: Option<mpsc::Sender<AppendRequest>>,
     writer: Option<JoinHandle<()>>,
+    /// The WAL syncer of `sync_interval_ms`; stopped after the writer (a last sync).
+    syncer: Option<writer::Syncer>,
 }
 
 #[cfg(feature = "rocksdb")]
@@ -440,6 +460,11 @@ impl Drop for Inner {
         if let Some(writer) = self.writer.take() {
             if writer.join().is_err() {
                 tracing::error!("embedded log writer thread panicked");
+            }
+        }
+        if let Some(syncer) = self.syncer.take() {
+            if let Err(e) = syncer.stop() {
+                tracing::error!(error = %e, "the last WAL sync of the embedded log failed");
             }
         }
     }
@@ -481,6 +506,7 @@ impl EmbeddedLog {
             synced_writes: AtomicU64::new(0),
             write_failures: AtomicU64::new(0),
             fault: std::sync::OnceLock::new(),
+            unsynced: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             fail_next_writes: AtomicU32::new(0),
         });
@@ -491,6 +517,10 @@ impl EmbeddedLog {
             .name("unimesh-log-writer".to_owned())
             .spawn(move || writer::run(writer_shared, rx))
             .map_err(|e| LogError::Unavailable(format!("cannot start the log writer: {e}")))?;
+        let syncer = match shared.cfg.sync_interval_ms {
+            Some(ms) => Some(writer::Syncer::start(shared.clone(), ms)?),
+            None => None,
+        };
 
         Ok(Self {
             inner: Arc::new(Inner {
@@ -500,6 +530,7 @@ impl EmbeddedLog {
                 retention_lock: Mutex::new(()),
                 tx: Some(tx),
                 writer: Some(writer),
+                syncer,
             }),
         })
     }
@@ -519,6 +550,9 @@ impl EmbeddedLog {
                     "the log writer thread panicked".to_owned(),
                 ));
             }
+        }
+        if let Some(syncer) = inner.syncer.take() {
+            syncer.stop()?;
         }
         let db = &inner.shared.db;
         for name in [RECORDS_CF, META_CF] {

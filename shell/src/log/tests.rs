@@ -758,3 +758,72 @@ async fn retention_past_the_reclaim_threshold_gives_the_disk_space_back() {
     let (before, after) = disk_before_after_retention(u64::MAX).await;
     assert!(after >= before, "{before} -> {after} bytes");
 }
+
+/// Polls `cond` every 5 ms for up to 30 s (a condition wait, not a timing assertion).
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[tokio::test]
+async fn with_a_sync_interval_appends_are_synced_by_the_syncer_and_survive_a_drop() {
+    // Goal: `sync_interval_ms` answers appends without an fsync each, the syncer fsyncs the
+    // WAL within its interval once something was written (and not while nothing is), and a
+    // drop without close (a crash of the process) keeps every answered append. Method: 40
+    // appends one by one, then wait for the syncer's fsync count to move; an idle spell
+    // of 10 intervals adds no fsync; reopen after a drop and read every append back.
+    let dir = tempfile::tempdir().unwrap();
+    let t = topic("interval");
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.sync_interval_ms = Some(10);
+    let mut acked = Vec::new();
+    {
+        let log = EmbeddedLog::open(cfg.clone()).unwrap();
+        for i in 0..40 {
+            let got = log
+                .append(&t, vec![item(None, format!("v{i}"))])
+                .await
+                .unwrap();
+            acked.push((got[0], Bytes::from(format!("v{i}"))));
+        }
+        assert_eq!(log.stats().records_appended, 40);
+        assert!(
+            log.stats().synced_writes < 40,
+            "an fsync per append: {:?}",
+            log.stats()
+        );
+        wait_for("the syncer fsyncs the WAL", || {
+            log.stats().synced_writes >= 1
+        });
+        // Whatever the syncer still had to do is done within two intervals of the last
+        // write; from then on an idle log is not fsynced again.
+        std::thread::sleep(Duration::from_millis(30));
+        let idle = log.stats().synced_writes;
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(log.stats().synced_writes, idle, "fsyncs while idle");
+        drop(log);
+    }
+    let log = EmbeddedLog::open(cfg).unwrap();
+    for ((p, o), value) in acked {
+        match log.read(&t, p, o, 1, usize::MAX).unwrap() {
+            ReadResult::Records { records, .. } => assert_eq!(records, vec![(o, value)]),
+            other => panic!("{p}@{o}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_sync_interval_outside_its_bounds_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for ms in [0, MAX_SYNC_INTERVAL_MS + 1] {
+        let mut cfg = LogConfig::new(dir.path());
+        cfg.sync_interval_ms = Some(ms);
+        match EmbeddedLog::open(cfg) {
+            Err(LogError::InvalidConfig(why)) => assert!(why.contains("sync_interval_ms"), "{why}"),
+            other => panic!("{ms}: {other:?}"),
+        }
+    }
+}

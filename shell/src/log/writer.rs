@@ -7,6 +7,10 @@
 //! WAL fsync is thus shared by all publishers waiting at that moment, which is what keeps
 //! throughput up when many publish at once.
 //!
+//! With `sync_interval_ms` the write is not fsynced: it is answered once RocksDB has
+//! written it to the operating system, and the [`Syncer`] thread fsyncs the WAL once per
+//! interval in which something was written.
+//!
 //! Offsets are assigned here and nowhere else, so they are dense per partition without locks.
 //! If a write fails, nothing of that batch is published (the tails roll back) and the writer
 //! refuses every later append: RocksDB may hold part of a failed WAL write that a reopen will
@@ -153,14 +157,20 @@ fn commit(
             "injected write failure (test)".to_owned(),
         ));
     }
+    let sync_each = shared.cfg.sync_interval_ms.is_none();
     let mut opts = WriteOptions::default();
-    opts.set_sync(true);
+    opts.set_sync(sync_each);
     shared
         .db
         .write_opt(batch, &opts)
         .map_err(|e| LogError::Storage(e.into_string()))?;
 
-    shared.synced_writes.fetch_add(1, Ordering::Relaxed);
+    if sync_each {
+        shared.synced_writes.fetch_add(1, Ordering::Relaxed);
+    } else {
+        // In the operating system's hands now: the syncer fsyncs it within its interval.
+        shared.unsynced.store(true, Ordering::Release);
+    }
     shared
         .records_appended
         .fetch_add(items as u64, Ordering::Relaxed);
@@ -169,4 +179,66 @@ fn commit(
         tails.insert(id, tail);
     }
     Ok(results)
+}
+
+/// The WAL syncer of `sync_interval_ms`: one thread that fsyncs the WAL every interval in
+/// which a write left it unsynced, and once more when stopped (after the writer stopped).
+/// A failed fsync is a failed write: appends are refused from then on (see [`run`]).
+pub(crate) struct Syncer {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), LogError>>,
+}
+
+impl Syncer {
+    pub(crate) fn start(shared: Arc<Shared>, interval_ms: u64) -> Result<Self, LogError> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let interval = std::time::Duration::from_millis(interval_ms);
+        let thread = std::thread::Builder::new()
+            .name("unimesh-log-syncer".to_owned())
+            .spawn(move || loop {
+                let last = match stopped.recv_timeout(interval) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
+                    // Stopped (or the handle is gone): one last sync, then out.
+                    Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
+                };
+                let synced = sync_wal(&shared);
+                if last || synced.is_err() {
+                    return synced;
+                }
+            })
+            .map_err(|e| LogError::Unavailable(format!("cannot start the WAL syncer: {e}")))?;
+        Ok(Self { stop, thread })
+    }
+
+    /// Stops the thread after a last sync; that sync's failure, if any.
+    pub(crate) fn stop(self) -> Result<(), LogError> {
+        let _ = self.stop.send(());
+        match self.thread.join() {
+            Ok(result) => result,
+            Err(_) => Err(LogError::Unavailable(
+                "the WAL syncer thread panicked".to_owned(),
+            )),
+        }
+    }
+}
+
+/// Fsyncs the WAL if a write left it unsynced. A failure sets the log's fault.
+fn sync_wal(shared: &Shared) -> Result<(), LogError> {
+    if !shared.unsynced.swap(false, Ordering::AcqRel) {
+        return Ok(());
+    }
+    match shared.db.flush_wal(true) {
+        Ok(()) => {
+            shared.synced_writes.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => {
+            let err = LogError::Storage(e.into_string());
+            tracing::error!(error = %err, "embedded log WAL sync failed");
+            let _ = shared.fault.set(format!(
+                "a log WAL sync failed, appends are refused until restart: {err}"
+            ));
+            Err(err)
+        }
+    }
 }
