@@ -303,7 +303,7 @@ impl Collector for SnapshotCollector {
                 ),
                 (
                     "unimesh_log_synced_writes",
-                    "Synced log writes (records per write = group-commit batch size)",
+                    "WAL fsyncs of the log (records appended per fsync = group-commit batch size)",
                     log.synced_writes,
                 ),
                 (
