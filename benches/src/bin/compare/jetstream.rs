@@ -60,7 +60,7 @@ fn start_server(bin: &str) -> NatsServer {
     }
 }
 
-pub fn run(a: &Args) -> Sample {
+pub fn run(a: &Args, rate: u64) -> Sample {
     let server = start_server(&a.nats_server);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -68,10 +68,10 @@ pub fn run(a: &Args) -> Sample {
         .build()
         .unwrap_or_else(|e| panic!("a tokio runtime: {e}"));
     let pid = Some(server.child.id());
-    rt.block_on(workload(a, &server.url, pid))
+    rt.block_on(workload(a, &server.url, pid, rate))
 }
 
-async fn workload(a: &Args, url: &str, pid: Option<u32>) -> Sample {
+async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
     let client = async_nats::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
@@ -113,10 +113,11 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>) -> Sample {
                         return;
                     }
                     let last = (first + batch).min(events);
+                    let due = paced_async(started, first, rate).await;
                     let mut acks = Vec::with_capacity((last - first) as usize);
                     for _ in first..last {
                         let mut payload = vec![b'x'; size];
-                        payload[..8].copy_from_slice(&micros(started).to_le_bytes());
+                        payload[..8].copy_from_slice(&due.to_le_bytes());
                         let ack = js
                             .publish("load", payload.into())
                             .await
@@ -178,6 +179,19 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>) -> Sample {
         server_cpu_s: process_cpu_seconds(pid) - server_cpu0,
         client_cpu_s: cpu_seconds() - cpu0,
     }
+}
+
+/// [`paced`] without blocking a runtime thread.
+async fn paced_async(started: Instant, first: u64, rate: u64) -> u64 {
+    let now = micros(started);
+    if rate == 0 {
+        return now;
+    }
+    let due = first.saturating_mul(1_000_000) / rate;
+    if due > now {
+        tokio::time::sleep(Duration::from_micros(due - now)).await;
+    }
+    due
 }
 
 fn micros(started: Instant) -> u64 {

@@ -5,7 +5,7 @@
 //! cargo build --release -p unimesh-shell --bin unimesh
 //! cargo run --release -p unimesh-benches --features compare --bin compare -- \
 //!     [--events 20000] [--size 1024] [--publishers 4] [--batch 50] [--consumers 4] \
-//!     [--poll 200] [--partitions 4] [--runs 2] [--sync-interval-ms 100] \
+//!     [--poll 200] [--partitions 4] [--runs 2] [--sync-interval-ms 100] [--rate 0] \
 //!     [--nats-server nats-server] [--json compare.json]
 //! ```
 //!
@@ -16,6 +16,9 @@
 //! make it). One table and, with `--json`, the samples as JSON. The unimesh binary is
 //! `UNIMESH_BIN`, else the `unimesh` next to this one (build it with `--release` first).
 //! The load client's own CPU is a column: on two cores it competes with the servers.
+//! Every system runs at saturation (publishers send as fast as they are answered); with
+//! `--rate R` each also runs at an offered load of R events/s, where the latencies mean
+//! most (a batch is stamped with its scheduled time: a client that falls behind shows).
 
 mod jetstream;
 mod sample;
@@ -33,6 +36,8 @@ pub struct Args {
     pub partitions: u64,
     pub runs: u64,
     pub sync_interval_ms: u64,
+    /// An offered load in events/s for a second pass below saturation (0: none).
+    pub rate: u64,
     pub nats_server: String,
     pub json: Option<String>,
 }
@@ -48,6 +53,7 @@ fn args() -> Result<Args, String> {
         partitions: 4,
         runs: 2,
         sync_interval_ms: 100,
+        rate: 0,
         nats_server: "nats-server".to_owned(),
         json: None,
     };
@@ -71,6 +77,7 @@ fn args() -> Result<Args, String> {
                     "--partitions" => &mut a.partitions,
                     "--runs" => &mut a.runs,
                     "--sync-interval-ms" => &mut a.sync_interval_ms,
+                    "--rate" => &mut a.rate,
                     other => return Err(format!("unknown flag {other}")),
                 };
                 *slot = v;
@@ -122,25 +129,40 @@ fn main() {
         "compare: {} events of {} bytes, {} publishers (batches of {}), {} consumers (polls of {}), {} partitions, {} runs",
         a.events, a.size, a.publishers, a.batch, a.consumers, a.poll, a.partitions, a.runs
     );
-    let mut systems: Vec<(String, Vec<Sample>)> =
-        vec![("unimesh sync=always".to_owned(), Vec::new())];
-    if a.sync_interval_ms > 0 {
-        systems.push((format!("unimesh sync={}ms", a.sync_interval_ms), Vec::new()));
+    let mut systems: Vec<(String, Vec<Sample>)> = Vec::new();
+    let rates: Vec<u64> = if a.rate > 0 { vec![0, a.rate] } else { vec![0] };
+    for &rate in &rates {
+        let load = if rate == 0 {
+            String::new()
+        } else {
+            format!(" @{rate}/s")
+        };
+        systems.push((format!("unimesh sync=always{load}"), Vec::new()));
+        if a.sync_interval_ms > 0 {
+            systems.push((
+                format!("unimesh sync={}ms{load}", a.sync_interval_ms),
+                Vec::new(),
+            ));
+        }
+        systems.push((format!("jetstream 2.9 default{load}"), Vec::new()));
     }
-    systems.push(("jetstream 2.9 (file, default)".to_owned(), Vec::new()));
     for run in 0..a.runs as usize {
         let n = systems.len();
         for k in 0..n {
             // Alternate the order, so neither side always runs on a warmer machine.
             let i = if run % 2 == 0 { k } else { n - 1 - k };
             let name = systems[i].0.clone();
+            let rate = name
+                .rsplit_once(" @")
+                .and_then(|(_, r)| r.trim_end_matches("/s").parse::<u64>().ok())
+                .unwrap_or(0);
             eprintln!("compare: run {} of {}: {name}", run + 1, a.runs);
             let sample = if name.starts_with("jetstream") {
-                jetstream::run(&a)
-            } else if name.ends_with("always") {
-                unimesh::run(&a, "always")
+                jetstream::run(&a, rate)
+            } else if name.starts_with("unimesh sync=always") {
+                unimesh::run(&a, "always", rate)
             } else {
-                unimesh::run(&a, &a.sync_interval_ms.to_string())
+                unimesh::run(&a, &a.sync_interval_ms.to_string(), rate)
             };
             println!("{HEADER}\n{}", sample.row(&name, None));
             systems[i].1.push(sample);

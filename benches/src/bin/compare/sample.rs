@@ -11,6 +11,22 @@ pub fn histogram() -> Histogram<u64> {
         .expect("constant bounds: low >= 1, high >= 2 * low")
 }
 
+/// The publish time of the batch starting at event `first`: with an offered load of
+/// `rate` events/s (0: as fast as answers come), the batch waits for its scheduled time and
+/// its events are stamped with that time, not with when the client got round to sending
+/// them (so a client that falls behind shows up in the latencies: no coordinated omission).
+pub fn paced(started: std::time::Instant, first: u64, rate: u64) -> u64 {
+    let now = started.elapsed().as_micros() as u64;
+    if rate == 0 {
+        return now;
+    }
+    let due = first.saturating_mul(1_000_000) / rate;
+    if due > now {
+        std::thread::sleep(std::time::Duration::from_micros(due - now));
+    }
+    due
+}
+
 /// One run of one system.
 pub struct Sample {
     pub events: u64,

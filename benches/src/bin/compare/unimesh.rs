@@ -15,10 +15,10 @@ use unimesh_tests::{
     Options, Server,
 };
 
-use super::sample::{histogram, Sample};
+use super::sample::{histogram, paced, Sample};
 use super::Args;
 
-pub fn run(a: &Args, sync: &str) -> Sample {
+pub fn run(a: &Args, sync: &str, rate: u64) -> Sample {
     let storage = match sync {
         "always" => String::new(),
         ms => format!("sync = \"interval\"\nsync_interval_ms = {ms}\n"),
@@ -44,7 +44,9 @@ pub fn run(a: &Args, sync: &str) -> Sample {
         .map(|_| {
             let (agent, url, next, pad) = (s.agent(), url.clone(), next.clone(), pad.clone());
             let (events, batch) = (a.events, a.batch);
-            std::thread::spawn(move || publish(&agent, &url, &next, events, batch, &pad, started))
+            std::thread::spawn(move || {
+                publish(&agent, &url, &next, (events, batch, rate), &pad, started)
+            })
         })
         .collect();
     let consumers: Vec<_> = (0..a.consumers)
@@ -115,8 +117,7 @@ fn publish(
     agent: &ureq::Agent,
     url: &str,
     next: &AtomicU64,
-    events: u64,
-    batch: u64,
+    (events, batch, rate): (u64, u64, u64),
     pad: &str,
     started: Instant,
 ) {
@@ -126,7 +127,7 @@ fn publish(
             return;
         }
         let last = (first + batch).min(events);
-        let t = micros(started);
+        let t = paced(started, first, rate);
         let r = if batch == 1 {
             let attrs = json!({
                 "specversion": "1.0", "id": format!("l{first}"), "source": "/load",
