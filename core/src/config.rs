@@ -149,6 +149,9 @@ pub struct SubscriptionSpec {
     pub push_url: Option<String>,
     /// Webhook signing secret (`whsec_` and base64); carried for the shell like `push_url`.
     pub push_secret: Option<String>,
+    /// Most events in one webhook request: 1, one binary-mode event per request; more, a
+    /// CloudEvents batch of up to this many. Carried for the shell like `push_url`.
+    pub push_batch: u32,
 }
 
 impl SubscriptionSpec {
@@ -166,6 +169,7 @@ impl SubscriptionSpec {
             start_from: StartFrom::Earliest,
             push_url: None,
             push_secret: None,
+            push_batch: 1,
         }
     }
 

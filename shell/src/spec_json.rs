@@ -185,7 +185,18 @@ pub struct PushDoc {
         write_only
     )]
     pub secret: Option<String>,
+    /// Most events in one push (default 1). 1: each event is POSTed alone in binary mode;
+    /// more: the events at hand, up to this many, are POSTed together as a CloudEvents
+    /// batch (`application/cloudevents-batch+json`, structured events with
+    /// `emmqpartition`/`emmqoffset`), and the answer settles all of them: 2xx ACKs the
+    /// batch, anything else NACKs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub batch: Option<u32>,
 }
+
+/// Most events in one webhook push (`push.batch`).
+pub const MAX_PUSH_BATCH: u32 = 1_000;
 
 /// The smallest and largest signing key, in bytes (Standard Webhooks: 24 to 64).
 pub const PUSH_SECRET_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
@@ -281,8 +292,9 @@ impl SubscriptionDoc {
                 let url = take(&mut p, "push", "url")?
                     .ok_or_else(|| FieldError::new("push.url", "is required"))?;
                 let secret = take(&mut p, "push", "secret")?;
+                let batch = take(&mut p, "push", "batch")?;
                 no_leftovers(&p, "push")?;
-                Some(PushDoc { url, secret })
+                Some(PushDoc { url, secret, batch })
             }
         };
         let doc = SubscriptionDoc {
@@ -366,6 +378,15 @@ impl SubscriptionDoc {
             if let Some(secret) = &p.secret {
                 push_secret_key(secret).map_err(|why| FieldError::new("push.secret", why))?;
             }
+            if let Some(batch) = p.batch {
+                if batch == 0 || batch > MAX_PUSH_BATCH {
+                    return Err(FieldError::new(
+                        "push.batch",
+                        format!("must be between 1 and {MAX_PUSH_BATCH}"),
+                    ));
+                }
+                spec.push_batch = batch;
+            }
             spec.push_url = Some(p.url);
             spec.push_secret = p.secret;
         }
@@ -407,6 +428,7 @@ impl SubscriptionDoc {
             push: spec.push_url.as_ref().map(|url| PushDoc {
                 url: url.clone(),
                 secret: spec.push_secret.clone(),
+                batch: (spec.push_batch > 1).then_some(spec.push_batch),
             }),
         }
     }

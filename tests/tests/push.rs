@@ -272,3 +272,71 @@ fn request_reply_round_trip_timeout_and_late_reply() {
     );
     assert_eq!(metric(&m, "unimesh_request_timeouts_total", ""), Some(1.0));
 }
+
+/// Goal: `push.batch` POSTs several events per request as a CloudEvents batch, the answer
+/// settling all of them: a 500 NACKs every event of its batch (each comes again as attempt
+/// 2), a 2xx ACKs them; every event arrives, none beyond `batch` in one request, and the
+/// delivery ids header lists one id per event. Method: 60 events published at once to a
+/// group with batch 10; the receiver fails its first request.
+#[test]
+fn a_batched_push_carries_up_to_batch_events_and_its_answer_settles_them_all() {
+    let s = Server::start(fast());
+    let hook = Hook::start(|_, n| HookAnswer::status(if n == 0 { 500 } else { 200 }));
+    s.subscribe(
+        "b",
+        &json!({"topic": "tb", "push": {"url": hook.url("/in"), "batch": 10}, "ackTimeoutMs": 60_000,
+                "backoff": {"initialMs": 0, "maxMs": 10_000, "multiplier": 1.0}}),
+    );
+    let got = s.get("/v1/subscriptions/b").ok_json(200);
+    assert_eq!(got["push"]["batch"], 10, "{got}");
+    let events: Vec<Value> = (0..60)
+        .map(|i| event(&format!("e{i}"), "t", json!({"i": i})))
+        .collect();
+    published(&s.publish_batch("tb", &events), 60);
+    wait_for("all 60 ACKed", WAIT, || {
+        let info = s.get("/v1/subscriptions/b").ok_json(200);
+        (info["stats"]["acked"] == 60).then_some(())
+    });
+    let log = hook.requests();
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut failed_batch = BTreeSet::new();
+    for (n, r) in log.iter().enumerate() {
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/cloudevents-batch+json"),
+            "request {n}"
+        );
+        let batch: Vec<Value> = serde_json::from_slice(&r.body).expect("a JSON array");
+        assert!(
+            !batch.is_empty() && batch.len() <= 10,
+            "request {n}: {} events",
+            batch.len()
+        );
+        let ids = r.header("x-unimesh-delivery-id").unwrap_or("");
+        assert_eq!(
+            ids.split(',').count(),
+            batch.len(),
+            "request {n}: ids {ids}"
+        );
+        for e in &batch {
+            let id = e["id"].as_str().expect("an event id").to_owned();
+            assert!(e["emmqoffset"].is_string(), "{e}");
+            if n == 0 {
+                failed_batch.insert(id.clone());
+            }
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    let all: BTreeSet<String> = (0..60).map(|i| format!("e{i}")).collect();
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), all);
+    assert!(!failed_batch.is_empty());
+    for (id, times) in &seen {
+        let want = if failed_batch.contains(id) { 2 } else { 1 };
+        assert_eq!(*times, want, "{id}: pushed {times} times");
+    }
+    assert!(
+        log.len() < 60,
+        "{} requests for 60 events: not batched",
+        log.len()
+    );
+}

@@ -85,6 +85,8 @@ pub struct PushTarget {
     pub secret: Option<String>,
     /// The group's backoff maximum (caps a subscriber's `Retry-After`).
     pub backoff_max_ms: u64,
+    /// Most events per request (1: binary mode; more: a CloudEvents batch).
+    pub batch: u32,
 }
 
 #[derive(Clone, Debug)]

@@ -144,9 +144,13 @@ impl Pusher {
         }
     }
 
-    /// Pushes one delivery and says how it ended.
-    async fn push(&self, d: &Delivery) -> PushOutcome {
-        match self.push_one(d).await {
+    /// Pushes deliveries (one in binary mode, or a batch) and says how it ended for all.
+    async fn push(&self, batch: &[Delivery]) -> PushOutcome {
+        let pushed = match batch {
+            [d] if self.target.batch <= 1 => self.push_one(d).await,
+            _ => self.push_batch(batch).await,
+        };
+        match pushed {
             Ok(outcome) => outcome,
             Err(refusal) => {
                 if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -162,11 +166,9 @@ impl Pusher {
         }
     }
 
-    /// POSTs one delivery and says how it ended, or why its target was refused.
+    /// POSTs one delivery in binary mode and says how it ended, or why its target was
+    /// refused.
     async fn push_one(&self, d: &Delivery) -> Result<PushOutcome, Refusal> {
-        let (group, url) = (&self.target.group, self.target.url.as_str());
-        let backoff = PushOutcome::Nack { delay_ms: None };
-        self.policy.check_url(url)?;
         let (mut headers, body) = match to_binary_request_parts(
             &d.record.body,
             d.partition,
@@ -174,25 +176,70 @@ impl Pusher {
         ) {
             Ok(parts) => parts,
             Err(e) => {
+                let group = &self.target.group;
                 tracing::error!(%group, id = %d.id, error = %e, "cannot render the event for push");
-                return Ok(backoff);
+                return Ok(PushOutcome::Nack { delay_ms: None });
             }
-        };
-        let Ok(uri) = url.parse::<Uri>() else {
-            return Ok(backoff);
         };
         let id = d.id.to_string();
         if let Ok(v) = HeaderValue::from_str(&id) {
             headers.insert(DELIVERY_ID_HEADER, v);
         }
         headers.insert(ATTEMPT_HEADER, HeaderValue::from(d.attempt));
+        self.send(headers, body, &id).await
+    }
+
+    /// POSTs deliveries as one CloudEvents batch (structured events, as a long-poll hands
+    /// them out); the answer settles all of them. `x-unimesh-delivery-id` lists the ids in
+    /// the order of the events, comma-separated; a signed batch's `webhook-id` is the
+    /// first id (unique per attempt, like every delivery id).
+    async fn push_batch(&self, batch: &[Delivery]) -> Result<PushOutcome, Refusal> {
+        let mut events = Vec::with_capacity(batch.len());
+        for d in batch {
+            match crate::event::delivery_event_json(&d.record.body, d.partition, d.record.offset) {
+                Ok(e) => events.push(e),
+                Err(e) => {
+                    let group = &self.target.group;
+                    tracing::error!(%group, id = %d.id, error = %e, "cannot render the event for push");
+                    return Ok(PushOutcome::Nack { delay_ms: None });
+                }
+            }
+        }
+        // A list of raw JSON values serialises without failure.
+        let body = Bytes::from(serde_json::to_vec(&events).unwrap_or_default());
+        let ids: Vec<String> = batch.iter().map(|d| d.id.to_string()).collect();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/cloudevents-batch+json"),
+        );
+        if let Ok(v) = HeaderValue::from_str(&ids.join(",")) {
+            headers.insert(DELIVERY_ID_HEADER, v);
+        }
+        let first = ids.first().cloned().unwrap_or_default();
+        self.send(headers, body, &first).await
+    }
+
+    /// Signs (with `push.secret`) and POSTs a request, and says how it ended.
+    async fn send(
+        &self,
+        mut headers: http::HeaderMap,
+        body: Bytes,
+        id: &str,
+    ) -> Result<PushOutcome, Refusal> {
+        let (group, url) = (&self.target.group, self.target.url.as_str());
+        let backoff = PushOutcome::Nack { delay_ms: None };
+        self.policy.check_url(url)?;
+        let Ok(uri) = url.parse::<Uri>() else {
+            return Ok(backoff);
+        };
         if let Some(key) = &self.key {
             let timestamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |t| t.as_secs());
-            let signature = sign(key, &id, timestamp, &body);
+            let signature = sign(key, id, timestamp, &body);
             for (name, value) in [
-                (WEBHOOK_ID_HEADER, id.clone()),
+                (WEBHOOK_ID_HEADER, id.to_owned()),
                 (WEBHOOK_TIMESTAMP_HEADER, timestamp.to_string()),
                 (WEBHOOK_SIGNATURE_HEADER, signature),
             ] {
@@ -226,25 +273,25 @@ impl Pusher {
                     || status == StatusCode::SERVICE_UNAVAILABLE =>
             {
                 let delay_ms = secs.saturating_mul(1000).min(self.target.backoff_max_ms);
-                tracing::debug!(%group, id = %d.id, %status, delay_ms, "push deferred by the subscriber");
+                tracing::debug!(%group, id, %status, delay_ms, "push deferred by the subscriber");
                 PushOutcome::Nack {
                     delay_ms: Some(delay_ms),
                 }
             }
             // Anything else fails, a redirect too (never followed: it could lead anywhere).
             Ok(Ok((status, _))) => {
-                tracing::debug!(%group, id = %d.id, %status, "push refused");
+                tracing::debug!(%group, id, %status, "push refused");
                 backoff
             }
             Ok(Err(e)) => {
                 if let Some(refusal) = refusal_in(&e) {
                     return Err(refusal);
                 }
-                tracing::debug!(%group, id = %d.id, error = %e, "push failed");
+                tracing::debug!(%group, id, error = %e, "push failed");
                 backoff
             }
             Err(_) => {
-                tracing::debug!(%group, id = %d.id, "push timed out");
+                tracing::debug!(%group, id, "push timed out");
                 backoff
             }
         })
@@ -279,17 +326,17 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
     let Ok(who) = ClientId::new(PUSH_CLIENT) else {
         return;
     };
-    let stream = match engine
-        .open_stream(&group, &who, pusher.config.max_concurrency)
-        .await
-    {
+    // Up to `max_concurrency` requests of up to `batch` events each are out at a time.
+    let per_request = pusher.target.batch.max(1);
+    let credit = pusher.config.max_concurrency.saturating_mul(per_request);
+    let stream = match engine.open_stream(&group, &who, credit).await {
         Ok(s) => Arc::new(s),
         Err(e) => {
             tracing::warn!(%group, error = %e, "cannot start the webhook pusher");
             return;
         }
     };
-    tracing::info!(%group, url = %pusher.target.url, signed = pusher.key.is_some(), "webhook pusher started");
+    tracing::info!(%group, url = %pusher.target.url, signed = pusher.key.is_some(), batch = per_request, "webhook pusher started");
     let mut inflight: JoinSet<()> = JoinSet::new();
     let max = pusher.config.max_concurrency as usize;
     loop {
@@ -298,14 +345,17 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
             let _ = inflight.join_next().await;
             continue;
         }
+        let wanted = free.saturating_mul(per_request as usize);
         tokio::select! {
-            batch = stream.next(free) => {
-                let Some(batch) = batch else { break };
-                for d in batch {
+            got = stream.next(wanted) => {
+                let Some(got) = got else { break };
+                let mut got = got.into_iter().peekable();
+                while got.peek().is_some() {
+                    let chunk: Vec<Delivery> = got.by_ref().take(per_request as usize).collect();
                     let (pusher, stream) = (pusher.clone(), stream.clone());
                     inflight.spawn(async move {
-                        let outcome = pusher.push(&d).await;
-                        stream.settled(vec![d.id], outcome);
+                        let outcome = pusher.push(&chunk).await;
+                        stream.settled(chunk.into_iter().map(|d| d.id).collect(), outcome);
                     });
                 }
             }

@@ -210,6 +210,8 @@ struct PushView {
     url: String,
     /// Whether pushes are signed (a `push.secret` was given).
     signed: bool,
+    /// Most events per push (1: binary mode, one event per request).
+    batch: u32,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, ToSchema)]
@@ -246,6 +248,7 @@ impl SubscriptionDefinition {
             push: doc.push.map(|p| PushView {
                 url: p.url,
                 signed: p.secret.is_some(),
+                batch: p.batch.unwrap_or(1),
             }),
         }
     }

@@ -59,6 +59,7 @@ impl EngineTask {
                             url: spec.push_url.clone()?,
                             secret: spec.push_secret.clone(),
                             backoff_max_ms: spec.backoff.max_ms,
+                            batch: spec.push_batch.max(1),
                         })
                     })
                     .collect();
