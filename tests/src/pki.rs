@@ -184,7 +184,7 @@ pub fn served_serial(addr: std::net::SocketAddr, client: Option<&Issued>) -> Opt
     {
         use std::io::Write as _;
         let mut stdin = child.stdin.take()?;
-        stdin.write_all(pem[begin..end].as_bytes()).ok()?;
+        stdin.write_all(&pem.as_bytes()[begin..end]).ok()?;
     }
     let out = child.wait_with_output().ok()?;
     let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
