@@ -388,6 +388,10 @@ pub async fn gate(
         return next.run(req).await;
     }
     let shown_route = route.as_deref().unwrap_or(super::routes::UNMATCHED_LABEL);
+    // A refused request's body is never read: close the connection after the answer, so
+    // a client does not send its next request on a connection that is being torn down.
+    let has_body = req.headers().contains_key(http::header::CONTENT_LENGTH)
+        || req.headers().contains_key(http::header::TRANSFER_ENCODING);
     let refuse = |reason: Reason, identity: &str, message: String, detail: Option<&str>| {
         tracing::info!(
             identity,
@@ -398,7 +402,7 @@ pub async fn gate(
             "request refused"
         );
         app.metrics.auth_refused(reason.as_str());
-        refusal(reason, message, detail)
+        refusal(reason, message, detail, has_body)
     };
     let peer = req.extensions().get::<PeerIdentity>().cloned();
     let who = match token_of(&req, route.as_deref()) {
@@ -468,7 +472,7 @@ pub async fn gate(
 
 /// A 401 (with `WWW-Authenticate`, and the JWT refusal's `error_description`) or 403
 /// answer.
-fn refusal(reason: Reason, message: String, detail: Option<&str>) -> Response {
+fn refusal(reason: Reason, message: String, detail: Option<&str>, close: bool) -> Response {
     let (status, code, challenge) = match reason {
         Reason::Missing => (
             StatusCode::UNAUTHORIZED,
@@ -486,7 +490,9 @@ fn refusal(reason: Reason, message: String, detail: Option<&str>) -> Response {
             r#"Bearer realm="unimesh", error="insufficient_scope""#,
         ),
     };
-    let mut r = ApiError::new(status, code, message).into_response();
+    let mut e = ApiError::new(status, code, message);
+    e.close = close;
+    let mut r = e.into_response();
     let described = detail.and_then(|d| {
         // A quoted-string: the descriptions are plain words, but keep it safe.
         let d: String = d
