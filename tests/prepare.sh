@@ -3,7 +3,8 @@
 #   - Python clients from PyPI, as users run them: cloudevents (the SDK publishing test),
 #     sseclient-py and websocket-client (the delivery stream clients, tests/python_streams.rs),
 #     confluent-kafka (the outside Kafka client and librdkafka's mock cluster, tests/kafka*.rs),
-#     schemathesis (the OpenAPI conformance run, tests/schemathesis/run.sh);
+#     schemathesis (the OpenAPI conformance run, tests/schemathesis/run.sh), PyJWT (the
+#     issuer minting the tokens of tests/jwt.rs);
 #   - the tansu Kafka-protocol broker (the Kafka backend's tests start one per test on a free
 #     loopback port, in memory, and stop it when the test ends: tests/src/kafka.rs), built
 #     with cargo outside the clone — about 10 minutes cold on two cores, reused after;
@@ -14,7 +15,7 @@ set -euo pipefail
 
 python3 -m pip install --quiet --disable-pip-version-check 'cloudevents==2.2.0' \
   'requests>=2.31,<3' 'sseclient-py==1.9.0' 'websocket-client==1.9.2' 'schemathesis==4.32.5' \
-  'confluent-kafka==2.12.1'
+  'confluent-kafka==2.12.1' 'PyJWT[crypto]==2.15.1'
 
 TANSU_VERSION=0.6.0
 TANSU_ROOT="${TANSU_ROOT:-/var/tmp/tansu-install}"

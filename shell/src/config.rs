@@ -159,6 +159,49 @@ pub struct Server {
     /// Serve a non-loopback address without `[auth]` identities (anyone who reaches it may
     /// publish, consume and operate). Off: `serve` refuses to start so (flag --insecure).
     pub insecure: bool,
+    /// TLS on both listeners (off while `cert` is empty).
+    pub tls: Tls,
+}
+
+/// `[server.tls]`: TLS (and client certificates) on both listeners, by rustls. The files
+/// are read at start and again on SIGHUP (a failed reload keeps the certificates in use).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// PEM file of the certificate chain, the server's own certificate first (flag
+    /// --tls-cert). Empty: plain HTTP.
+    pub cert: PathBuf,
+    /// PEM file of the private key (PKCS#8, PKCS#1 or SEC1; flag --tls-key).
+    pub key: PathBuf,
+    /// PEM bundle of the CAs whose client certificates are accepted (mTLS). Empty: no
+    /// client certificates are asked for. A verified certificate's subject CN (or, without
+    /// one, its first DNS name) is the caller's identity, with the rights of
+    /// `[auth.identities.NAME]`.
+    pub client_ca: PathBuf,
+    /// With `client_ca`: `require` (a handshake without a valid client certificate fails)
+    /// or `optional` (without one, the caller may still send a bearer token).
+    pub client_auth: ClientAuth,
+}
+
+/// Whether a client certificate is required (`server.tls.client_auth`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    #[default]
+    Require,
+    Optional,
+}
+
+impl Tls {
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        !self.cert.as_os_str().is_empty()
+    }
+
+    /// Whether client certificates are asked for (mTLS).
+    pub fn client_certs(&self) -> bool {
+        self.enabled() && !self.client_ca.as_os_str().is_empty()
+    }
 }
 
 /// Webhook push (groups with `push.url`).
@@ -462,6 +505,7 @@ impl Default for Server {
             stream_retry_ms: 1_000,
             cors_allowed_origins: String::new(),
             insecure: false,
+            tls: Tls::default(),
         }
     }
 }
@@ -609,10 +653,16 @@ impl Config {
 
     /// Checks relations between settings that each type alone cannot express. The error
     /// names the key.
+    /// Whether requests need credentials: identities, JWTs or client certificates are
+    /// configured.
+    pub fn auth_on(&self) -> bool {
+        self.auth.enabled() || self.server.tls.client_certs()
+    }
+
     /// The listener addresses that are not loopback, when no `[auth]` identity guards them
     /// and `server.insecure` does not allow that: `serve` refuses to start then.
     pub fn open_exposure(&self) -> Vec<SocketAddr> {
-        if self.auth.enabled() || self.server.insecure {
+        if self.auth_on() || self.server.insecure {
             return Vec::new();
         }
         [self.http, self.admin]
@@ -729,6 +779,23 @@ impl Config {
         }
         if let Err((key, why)) = self.auth.validate() {
             return bad(&key, why);
+        }
+        let tls = &self.server.tls;
+        let set = |p: &PathBuf| !p.as_os_str().is_empty();
+        if set(&tls.cert) != set(&tls.key) {
+            let (key, other) = if set(&tls.cert) {
+                ("server.tls.key", "server.tls.cert")
+            } else {
+                ("server.tls.cert", "server.tls.key")
+            };
+            return bad(key, format!("must be set together with {other}"));
+        }
+        if set(&tls.client_ca) && !tls.enabled() {
+            return bad(
+                "server.tls.client_ca",
+                "needs server.tls.cert and server.tls.key (client certificates come with TLS)"
+                    .into(),
+            );
         }
         let s = &self.storage;
         if s.max_partitions == 0 {
@@ -900,6 +967,10 @@ pub struct Overrides {
     pub kafka_instance: Option<String>,
     /// `--insecure`: `server.insecure = true`.
     pub insecure: bool,
+    /// `--tls-cert`: `server.tls.cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`: `server.tls.key`.
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The result of [`load`]: the configuration and what it was made of, for the startup log.
@@ -965,6 +1036,16 @@ where
             "server.insecure",
             "insecure",
             overrides.insecure.then(|| "true".to_owned()),
+        ),
+        (
+            "server.tls.cert",
+            "tls-cert",
+            overrides.tls_cert.as_ref().map(|p| p.display().to_string()),
+        ),
+        (
+            "server.tls.key",
+            "tls-key",
+            overrides.tls_key.as_ref().map(|p| p.display().to_string()),
         ),
     ];
     for (key, flag, value) in flags {
@@ -1506,6 +1587,25 @@ mod tests {
                 "storage.sync_interval_ms",
             ),
             ("log = \"[[[\"\n", "log"),
+            ("[server.tls]\ncert = \"a.pem\"\n", "server.tls.key"),
+            ("[server.tls]\nkey = \"a.key\"\n", "server.tls.cert"),
+            (
+                "[server.tls]\nclient_ca = \"ca.pem\"\n",
+                "server.tls.client_ca",
+            ),
+            (
+                "[server.tls]\ncert = \"a\"\nkey = \"b\"\nclient_auth = \"maybe\"\n",
+                "server.tls.client_auth",
+            ),
+            ("[auth.jwt]\nkey_file = \"k.pub\"\n", "auth.jwt.algorithm"),
+            (
+                "[auth.jwt]\nalgorithm = \"HS512\"\nkey_file = \"k\"\n",
+                "auth.jwt.algorithm",
+            ),
+            (
+                "[auth.jwt]\nalgorithm = \"RS256\"\nkey_file = \"k\"\njwks_file = \"j\"\n",
+                "auth.jwt.jwks_file",
+            ),
         ];
         for (text, key) in cases {
             let f = file(text);
@@ -1514,6 +1614,39 @@ mod tests {
                 other => panic!("{text}: expected an error on {key}, got {other:?}"),
             }
         }
+    }
+
+    /// Goal: TLS and JWT settings come from the file, the environment and the flags like
+    /// every other key, and turn authentication (and so the loopback rule) on.
+    #[test]
+    fn tls_and_jwt_settings_load_and_turn_auth_on() {
+        let o = Overrides {
+            tls_cert: Some(PathBuf::from("/etc/mesh/chain.pem")),
+            tls_key: Some(PathBuf::from("/etc/mesh/key.pem")),
+            ..Overrides::default()
+        };
+        let c = load(
+            &o,
+            env(&[
+                ("UNIMESH_SERVER_TLS_CLIENT_CA", "/etc/mesh/ca.pem"),
+                ("UNIMESH_SERVER_TLS_CLIENT_AUTH", "optional"),
+                ("UNIMESH_HTTP", "0.0.0.0:8443"),
+            ]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.server.tls.cert, PathBuf::from("/etc/mesh/chain.pem"));
+        assert_eq!(c.server.tls.client_auth, ClientAuth::Optional);
+        assert!(c.server.tls.client_certs() && c.auth_on());
+        assert!(
+            c.open_exposure().is_empty(),
+            "client certificates guard 0.0.0.0"
+        );
+        let f = file("[auth.jwt]\nalgorithm = \"EdDSA\"\nkey_file = \"/k.pub\"\n");
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        assert!(c.auth.jwt.enabled() && c.auth_on());
+        assert_eq!(c.auth.jwt.identity_claim, "sub");
+        assert!(!Config::default().auth_on());
     }
 
     #[test]

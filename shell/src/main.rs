@@ -20,6 +20,8 @@ use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use unimesh_shell::config::{self, Config, Overrides, StateBackend, StorageBackend, ENV_PREFIX};
 use unimesh_shell::engine::{self, LogPort, StatePort, StoreAdapter};
+use unimesh_shell::http::jwt::Verifier;
+use unimesh_shell::http::tls::Tls;
 use unimesh_shell::http::{App, Server};
 use unimesh_shell::kafka::{KafkaLog, KafkaSettings, KafkaState};
 use unimesh_shell::log::EmbeddedLog;
@@ -76,6 +78,13 @@ struct ServeArgs {
     /// consume and operate; env UNIMESH_SERVER_INSECURE, config server.insecure).
     #[arg(long)]
     insecure: bool,
+    /// TLS on both listeners: the PEM certificate chain (env UNIMESH_SERVER_TLS_CERT,
+    /// config server.tls.cert; with --tls-key).
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (env UNIMESH_SERVER_TLS_KEY, config server.tls.key).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
     /// Print the effective configuration (defaults, file, UNIMESH_* variables and flags
     /// merged and checked) as TOML, and exit without serving.
     #[arg(long)]
@@ -105,6 +114,8 @@ fn main() -> ExitCode {
         kafka_brokers: args.kafka_brokers,
         kafka_instance: args.kafka_instance,
         insecure: args.insecure,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
     };
     let loaded = match config::load(&overrides, env) {
         Ok(l) => l,
@@ -219,14 +230,25 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
              loopback address, or pass --insecure (server.insecure = true) to serve it open"
         ));
     }
+    // The key files before anything is created: a bad path fails with one line naming it.
+    let tls = if cfg.server.tls.enabled() {
+        Some(Arc::new(Tls::load(&cfg.server.tls)?))
+    } else {
+        None
+    };
+    let jwt = Verifier::load(&cfg.auth.jwt)?.map(Arc::new);
     std::fs::create_dir_all(&cfg.data)
         .map_err(|e| format!("cannot create data directory {}: {e}", cfg.data.display()))?;
     let data = cfg.data.canonicalize().unwrap_or_else(|_| cfg.data.clone());
 
     // Bind before opening storage: a port in use fails fast and touches nothing.
-    let server = Server::bind(cfg.http, cfg.admin, cfg.server.clone())
+    let mut server = Server::bind(cfg.http, cfg.admin, cfg.server.clone())
         .await
         .map_err(|e| e.to_string())?;
+    if let Some(tls) = &tls {
+        server = server.with_tls(tls.clone());
+    }
+    let security = Security { tls, jwt };
     let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
 
     let state = open_state(&cfg)?;
@@ -247,7 +269,7 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         let state_port: Arc<dyn StatePort> =
             Arc::new(KafkaState::new(StoreAdapter::new(state), kafka.clone()));
         let log_port: Arc<dyn LogPort> = Arc::new(kafka.clone());
-        return run(cfg, server, log_port, state_port, Some(kafka)).await;
+        return run(cfg, server, security, log_port, state_port, Some(kafka)).await;
     }
     let log_cfg = cfg.log_config();
     let log = EmbeddedLog::open(log_cfg.clone()).map_err(|e| {
@@ -272,13 +294,20 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
 
     let log_port: Arc<dyn LogPort> = Arc::new(log);
     let state_port: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(state));
-    run(cfg, server, log_port, state_port, None).await
+    run(cfg, server, security, log_port, state_port, None).await
+}
+
+/// TLS and JWT keys, loaded before the listeners serve.
+struct Security {
+    tls: Option<Arc<Tls>>,
+    jwt: Option<Arc<Verifier>>,
 }
 
 /// Runs the engine and the servers until a stop signal, then stops gracefully.
 async fn run(
     cfg: Config,
     server: Server,
+    security: Security,
     log_port: Arc<dyn LogPort>,
     state_port: Arc<dyn StatePort>,
     kafka: Option<KafkaLog>,
@@ -291,10 +320,30 @@ async fn run(
         unimesh_shell::kafka::watch_subscriptions(k, engine.clone())?;
     }
 
-    tracing::info!(addr = %traffic, "traffic API listening on http://{traffic}");
-    tracing::info!(addr = %admin, "admin API listening on http://{admin} (metrics at /metrics)");
+    let scheme = if security.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(addr = %traffic, "traffic API listening on {scheme}://{traffic}");
+    tracing::info!(
+        addr = %admin,
+        "admin API listening on {scheme}://{admin} (metrics at /metrics)"
+    );
+    if let Some(tls) = &security.tls {
+        tracing::info!(
+            certificate_sha256 = %tls.fingerprint(),
+            client_certificates = tls.client_certs(),
+            "TLS on both listeners (reloaded on SIGHUP)"
+        );
+        tokio::spawn(reload_on_hangup(tls.clone()));
+    }
 
-    let app = Arc::new(App::new(engine.clone(), &cfg).listening_on([traffic, admin]));
+    let app = Arc::new(
+        App::new(engine.clone(), &cfg)
+            .with_jwt(security.jwt)
+            .listening_on([traffic, admin]),
+    );
     let pushers = tokio::spawn(unimesh_shell::http::push::supervise(
         engine.clone(),
         cfg.push.clone(),
@@ -389,6 +438,35 @@ fn display_under(root: &Path, path: &Path) -> String {
         Ok(rel) => format!("<data>/{}", rel.display()),
         Err(_) => absolute.display().to_string(),
     }
+}
+
+/// Reads the TLS files again at every SIGHUP; new connections get the new certificates,
+/// open ones keep theirs. A reload that fails keeps the old ones and says why.
+async fn reload_on_hangup(tls: Arc<Tls>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGHUP; TLS certificates are not reloaded");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!(
+                    certificate_sha256 = %tls.fingerprint(),
+                    "SIGHUP: TLS certificates reloaded"
+                ),
+                Err(e) => {
+                    tracing::error!("SIGHUP: TLS certificates not reloaded, the old ones stay: {e}")
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tls;
 }
 
 /// Resolves on SIGINT or SIGTERM, naming it.

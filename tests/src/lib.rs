@@ -30,6 +30,7 @@ pub mod sse;
 pub use serde_json::{json, Value};
 
 pub mod kafka;
+pub mod pki;
 pub mod proxy;
 
 /// How long a server may take to answer `/admin/ready` after it was started. Generous: a
@@ -397,6 +398,9 @@ pub struct Options {
     env: Vec<(String, String)>,
     /// A bearer token for the readiness probe (a server whose `/admin/ready` needs one).
     ready_token: Option<String>,
+    /// The server speaks TLS: the readiness probe is curl with these arguments (`--cacert`,
+    /// a client certificate), and the URLs are `https://`.
+    tls_probe: Option<Vec<String>>,
 }
 
 impl Options {
@@ -417,6 +421,14 @@ impl Options {
     /// The bearer token the readiness probe sends (`auth.open_health = false`).
     pub fn ready_token(mut self, token: &str) -> Self {
         self.ready_token = Some(token.to_owned());
+        self
+    }
+
+    /// The server speaks TLS (its `[server.tls]` is in the TOML): URLs are `https://` and
+    /// the readiness probe is curl with these arguments (`--cacert FILE`, and `--cert FILE
+    /// --key FILE` when client certificates are required).
+    pub fn tls_probe(mut self, curl_args: &[&str]) -> Self {
+        self.tls_probe = Some(curl_args.iter().map(|a| (*a).to_owned()).collect());
         self
     }
 
@@ -566,13 +578,33 @@ impl Server {
                     Err(e) => return Err(format!("cannot watch the unimesh process: {e}")),
                 }
             }
-            let mut probe = Call::new(&quick, "GET", &url);
-            if let Some(token) = &self.opts.ready_token {
-                probe = probe.header("authorization", &format!("Bearer {token}"));
-            }
-            if let Ok(r) = probe.try_send() {
-                if r.status == 200 {
+            if let Some(args) = &self.opts.tls_probe {
+                let out = Command::new("curl")
+                    .args([
+                        "-sS",
+                        "-o",
+                        "/dev/null",
+                        "-w",
+                        "%{http_code}",
+                        "--max-time",
+                        "5",
+                    ])
+                    .args(args)
+                    .arg(&url)
+                    .stdin(Stdio::null())
+                    .output();
+                if out.is_ok_and(|o| o.stdout == b"200") {
                     return Ok(());
+                }
+            } else {
+                let mut probe = Call::new(&quick, "GET", &url);
+                if let Some(token) = &self.opts.ready_token {
+                    probe = probe.header("authorization", &format!("Bearer {token}"));
+                }
+                if let Ok(r) = probe.try_send() {
+                    if r.status == 200 {
+                        return Ok(());
+                    }
                 }
             }
             if started.elapsed() > READY_TIMEOUT {
@@ -668,12 +700,29 @@ impl Server {
         self.admin
     }
 
+    /// `http`, or `https` for a server started with [`Options::tls_probe`].
+    pub fn scheme(&self) -> &'static str {
+        if self.opts.tls_probe.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     pub fn http_url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.http)
+        format!("{}://{}{path}", self.scheme(), self.http)
     }
 
     pub fn admin_url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.admin)
+        format!("{}://{}{path}", self.scheme(), self.admin)
+    }
+
+    /// Sends `sig` (SIGHUP: reload the TLS certificates) to the running process.
+    pub fn send_signal(&self, sig: libc::c_int) {
+        match &self.child {
+            Some(child) => signal(child, sig),
+            None => panic!("signal: the server is not running"),
+        }
     }
 
     /// The agent of the current incarnation (for threads).

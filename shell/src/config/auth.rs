@@ -17,6 +17,7 @@
 //! `server.insecure`). The checks at request time live in `http::auth`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,8 +31,12 @@ pub struct Auth {
     /// With identities: `/admin/health`, `/admin/ready` and `/metrics` answer without
     /// credentials (probes and scrapers); every other route needs a token.
     pub open_health: bool,
-    /// The callers, by name. None: auth is off.
+    /// The callers, by name: their static tokens and the rights of each (whichever way it
+    /// proved who it is: token, JWT or client certificate). None (and no JWT key, no
+    /// client CA): auth is off.
     pub identities: BTreeMap<String, Identity>,
+    /// JWT bearer tokens (off while neither `key_file` nor `jwks_file` is set).
+    pub jwt: Jwt,
 }
 
 impl Default for Auth {
@@ -39,7 +44,92 @@ impl Default for Auth {
         Self {
             open_health: true,
             identities: BTreeMap::new(),
+            jwt: Jwt::default(),
         }
+    }
+}
+
+/// `[auth.jwt]`: JWTs as bearer tokens. The algorithm is fixed by the configuration (by
+/// `algorithm` with `key_file`, by each JWKS key's `alg` or type), never taken from a
+/// token: `alg: none` and a token whose `alg` differs from its key's are refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    /// `HS256`, `RS256`, `ES256` or `EdDSA`: the algorithm of `key_file`.
+    pub algorithm: String,
+    /// HS256: a file holding the secret (at least 32 bytes; one trailing newline is
+    /// dropped). RS256, ES256, EdDSA: the PEM public key (`openssl pkey -pubout`).
+    pub key_file: PathBuf,
+    /// A JWKS file (`{"keys": [...]}`): a token's `kid` picks the key (a single key needs
+    /// none); each key's `alg` (or its type: RSA RS256, EC P-256 ES256, OKP Ed25519 EdDSA)
+    /// is its algorithm. Instead of `key_file`.
+    pub jwks_file: PathBuf,
+    /// The `aud` a token must name. Empty: a token with an `aud` is refused.
+    pub audience: String,
+    /// The `iss` a token must carry. Empty: not checked.
+    pub issuer: String,
+    /// The claim naming the identity (whose rights are those of `[auth.identities.NAME]`).
+    pub identity_claim: String,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_s: u64,
+}
+
+impl Default for Jwt {
+    fn default() -> Self {
+        Self {
+            algorithm: String::new(),
+            key_file: PathBuf::new(),
+            jwks_file: PathBuf::new(),
+            audience: String::new(),
+            issuer: String::new(),
+            identity_claim: "sub".to_owned(),
+            leeway_s: 30,
+        }
+    }
+}
+
+/// The algorithms `[auth.jwt]` accepts.
+pub const JWT_ALGORITHMS: [&str; 4] = ["HS256", "RS256", "ES256", "EdDSA"];
+
+impl Jwt {
+    /// Whether JWTs are accepted.
+    pub fn enabled(&self) -> bool {
+        !self.key_file.as_os_str().is_empty() || !self.jwks_file.as_os_str().is_empty()
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let key = |k: &str| format!("auth.jwt.{k}");
+        if !self.algorithm.is_empty() && !JWT_ALGORITHMS.contains(&self.algorithm.as_str()) {
+            return Err((
+                key("algorithm"),
+                format!(
+                    "{:?} is not one of {}",
+                    self.algorithm,
+                    JWT_ALGORITHMS.join(", ")
+                ),
+            ));
+        }
+        let file = !self.key_file.as_os_str().is_empty();
+        let jwks = !self.jwks_file.as_os_str().is_empty();
+        if file && jwks {
+            return Err((
+                key("jwks_file"),
+                "is instead of auth.jwt.key_file: set one of them".into(),
+            ));
+        }
+        if file && self.algorithm.is_empty() {
+            return Err((
+                key("algorithm"),
+                format!(
+                    "must name the algorithm of auth.jwt.key_file ({})",
+                    JWT_ALGORITHMS.join(", ")
+                ),
+            ));
+        }
+        if self.identity_claim.trim().is_empty() {
+            return Err((key("identity_claim"), "must name a claim (sub)".into()));
+        }
+        Ok(())
     }
 }
 
@@ -48,7 +138,9 @@ impl Default for Auth {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Identity {
-    /// SHA-256 of the bearer token, 64 hex digits.
+    /// SHA-256 of the bearer token, 64 hex digits. Empty: no static token (the identity
+    /// proves itself by a JWT or a client certificate).
+    #[serde(default)]
     pub token_sha256: String,
     /// Topics it may publish to (and send requests of request/reply to).
     #[serde(default)]
@@ -66,9 +158,10 @@ pub struct Identity {
 }
 
 impl Auth {
-    /// Whether any identity is configured (auth on).
+    /// Whether any identity or a JWT key is configured (auth on; client certificates
+    /// turn it on too, see `Config::auth_on`).
     pub fn enabled(&self) -> bool {
-        !self.identities.is_empty()
+        !self.identities.is_empty() || self.jwt.enabled()
     }
 
     /// Checks every identity; the error is (dotted key, why).
@@ -83,15 +176,16 @@ impl Auth {
                 ));
             }
             let hash = id.token_sha256.to_ascii_lowercase();
-            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if hash.is_empty() {
+                // No static token: known by a JWT or a client certificate only.
+            } else if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err((
                     key(".token_sha256"),
                     "must be the SHA-256 of the token in 64 hex digits \
                      (printf %s \"$TOKEN\" | sha256sum)"
                         .into(),
                 ));
-            }
-            if let Some(other) = seen.insert(hash, name) {
+            } else if let Some(other) = seen.insert(hash, name) {
                 return Err((
                     key(".token_sha256"),
                     format!("is also the token of identity {other}"),
@@ -114,7 +208,7 @@ impl Auth {
                 }
             }
         }
-        Ok(())
+        self.jwt.validate()
     }
 }
 
@@ -137,8 +231,8 @@ mod tests {
 
     fn one(id: Identity) -> Auth {
         Auth {
-            open_health: true,
             identities: [("svc".to_owned(), id)].into_iter().collect(),
+            ..Auth::default()
         }
     }
 

@@ -16,6 +16,13 @@
 //!   `/admin/health`, `/admin/ready` and `/metrics` stay open with `auth.open_health`; any
 //!   identity for the rest (the OpenAPI document, unknown routes).
 //!
+//! - Whoever the caller proves to be — a static token, a JWT (`http::jwt`, with
+//!   `[auth.jwt]`) whose identity claim names it, or a verified client certificate whose
+//!   CN names it (`http::tls`, mTLS) — its rights are those of `[auth.identities.NAME]`
+//!   of that name; a name with no entry there has no rights (403). A bearer token, when
+//!   sent, decides (a bad one is 401 even with a certificate); without one, the
+//!   certificate's identity applies.
+//!
 //! A delivery id settles only in the group whose route it is sent to, and the core refuses
 //! an id of another group's lane there (`unknown`: leases are unique across groups), so a
 //! right on one group never settles another's deliveries (`tests/auth.rs`).
@@ -32,9 +39,17 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::{code, ApiError};
+#[cfg(not(madsim))]
+use super::jwt::Verifier;
 use super::routes::Listener;
 use super::App;
-use crate::config::auth::{Auth, Identity};
+use crate::config::auth::Identity;
+use crate::config::Config;
+
+/// The identity named by the connection's verified client certificate (a request
+/// extension set by the accept loop).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerIdentity(pub String);
 
 /// The query parameter carrying a token on the stream routes.
 pub const ACCESS_TOKEN_PARAM: &str = "access_token";
@@ -46,16 +61,36 @@ const STREAM_ROUTES: [&str; 2] = [
 ];
 
 /// The identities, ready for checking.
-#[derive(Debug)]
 pub struct Gate {
     known: Vec<Known>,
     open_health: bool,
+    /// Client certificates name identities too.
+    certs: bool,
+    /// The JWT keys, when `[auth.jwt]` is on and they were loaded (`App::with_jwt`); a JWT
+    /// is refused without them.
+    #[cfg(not(madsim))]
+    jwt: Option<std::sync::Arc<Verifier>>,
+    /// `[auth.jwt]` is configured.
+    #[cfg_attr(madsim, allow(dead_code))]
+    jwt_on: bool,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("known", &self.known.len())
+            .field("open_health", &self.open_health)
+            .field("certs", &self.certs)
+            .field("jwt_on", &self.jwt_on)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
 struct Known {
     name: String,
-    digest: [u8; 32],
+    /// SHA-256 of its static token; `None`: it has none.
+    digest: Option<[u8; 32]>,
     publish: Names,
     consume: Names,
     define: Names,
@@ -135,12 +170,27 @@ impl Reason {
     }
 }
 
+/// A caller that proved who it is: its name, and its entry of the rights table if it has
+/// one (a JWT or a certificate may name an identity that has none: no rights).
+struct Caller<'a> {
+    name: String,
+    rights: Option<&'a Known>,
+}
+
+impl Caller<'_> {
+    fn has(&self, right: Right, name: &str) -> bool {
+        self.rights.is_some_and(|k| k.has(right, name))
+    }
+}
+
 impl Gate {
-    /// The gate of `[auth]`, or `None` when no identity is configured (auth off).
-    pub fn new(auth: &Auth) -> Option<Self> {
-        if !auth.enabled() {
+    /// The gate of `[auth]` (and of client certificates), or `None` when neither
+    /// identities, JWT keys nor a client CA are configured (auth off).
+    pub fn new(config: &Config) -> Option<Self> {
+        if !config.auth_on() {
             return None;
         }
+        let auth = &config.auth;
         let known = auth
             .identities
             .iter()
@@ -149,19 +199,63 @@ impl Gate {
         Some(Self {
             known,
             open_health: auth.open_health,
+            certs: config.server.tls.client_certs(),
+            #[cfg(not(madsim))]
+            jwt: None,
+            jwt_on: auth.jwt.enabled(),
         })
     }
 
-    /// The identity whose token this is. Every identity is compared, in constant time.
+    /// The gate checking JWTs with these keys.
+    #[cfg(not(madsim))]
+    pub fn with_jwt(mut self, jwt: Option<std::sync::Arc<Verifier>>) -> Self {
+        self.jwt = jwt;
+        self
+    }
+
+    /// The identity whose static token this is. Every identity is compared, in constant
+    /// time.
     fn identify(&self, token: &str) -> Option<&Known> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for k in &self.known {
-            if bool::from(k.digest.ct_eq(&digest)) {
-                found = Some(k);
+            if let Some(d) = &k.digest {
+                if bool::from(d.ct_eq(&digest)) {
+                    found = Some(k);
+                }
             }
         }
         found
+    }
+
+    /// The entry of the rights table named `name`.
+    fn named(&self, name: &str) -> Caller<'_> {
+        Caller {
+            name: name.to_owned(),
+            rights: self.known.iter().find(|k| k.name == name),
+        }
+    }
+
+    /// Who a bearer token names: a static token, else a JWT. `Err`: why it is refused (the
+    /// `error_description` of a JWT refusal, if it was one).
+    fn caller_of_token(&self, token: &str) -> Result<Caller<'_>, Option<String>> {
+        if let Some(k) = self.identify(token) {
+            return Ok(Caller {
+                name: k.name.clone(),
+                rights: Some(k),
+            });
+        }
+        #[cfg(not(madsim))]
+        if self.jwt_on && Verifier::looks_like_jwt(token) {
+            let Some(jwt) = &self.jwt else {
+                return Err(Some("JWT keys are not loaded".into()));
+            };
+            return match jwt.verify(token) {
+                Ok(name) => Ok(self.named(&name)),
+                Err(why) => Err(Some(why)),
+            };
+        }
+        Err(None)
     }
 
     /// What a request needs: by listener, method and matched route, with its parameters.
@@ -209,17 +303,23 @@ impl Gate {
 }
 
 impl Known {
-    /// `None` for a hash that is not 64 hex digits (`Config::validate` refuses those).
+    /// `None` for a hash that is neither empty nor 64 hex digits (`Config::validate`
+    /// refuses those).
     fn new(name: &str, id: &Identity) -> Option<Self> {
         let hex = id.token_sha256.as_bytes();
-        if hex.len() != 64 {
-            return None;
-        }
-        let mut digest = [0u8; 32];
-        for (i, pair) in hex.chunks(2).enumerate() {
-            let text = std::str::from_utf8(pair).ok()?;
-            digest[i] = u8::from_str_radix(text, 16).ok()?;
-        }
+        let digest = if hex.is_empty() {
+            None
+        } else {
+            if hex.len() != 64 {
+                return None;
+            }
+            let mut digest = [0u8; 32];
+            for (i, pair) in hex.chunks(2).enumerate() {
+                let text = std::str::from_utf8(pair).ok()?;
+                digest[i] = u8::from_str_radix(text, 16).ok()?;
+            }
+            Some(digest)
+        };
         Some(Self {
             name: name.to_owned(),
             digest,
@@ -288,7 +388,11 @@ pub async fn gate(
         return next.run(req).await;
     }
     let shown_route = route.as_deref().unwrap_or(super::routes::UNMATCHED_LABEL);
-    let refuse = |reason: Reason, identity: &str, message: String| {
+    // A refused request's body is never read: close the connection after the answer, so
+    // a client does not send its next request on a connection that is being torn down.
+    let has_body = req.headers().contains_key(http::header::CONTENT_LENGTH)
+        || req.headers().contains_key(http::header::TRANSFER_ENCODING);
+    let refuse = |reason: Reason, identity: &str, message: String, detail: Option<&str>| {
         tracing::info!(
             identity,
             method = %req.method(),
@@ -298,31 +402,48 @@ pub async fn gate(
             "request refused"
         );
         app.metrics.auth_refused(reason.as_str());
-        refusal(reason, message)
+        refusal(reason, message, detail, has_body)
     };
-    let token = match token_of(&req, route.as_deref()) {
-        Ok(Some(t)) => t,
-        Ok(None) => {
-            return refuse(
-                Reason::Missing,
-                "-",
-                "credentials required: send Authorization: Bearer <token>".into(),
-            )
-        }
+    let peer = req.extensions().get::<PeerIdentity>().cloned();
+    let who = match token_of(&req, route.as_deref()) {
+        Ok(Some(token)) => match gate.caller_of_token(&token) {
+            Ok(who) => who,
+            Err(Some(why)) => {
+                return refuse(
+                    Reason::Invalid,
+                    "-",
+                    format!("the token is not valid: {why}"),
+                    Some(&why),
+                )
+            }
+            Err(None) => {
+                return refuse(Reason::Invalid, "-", "the token is not valid".into(), None)
+            }
+        },
+        Ok(None) => match peer {
+            Some(PeerIdentity(name)) => gate.named(&name),
+            None => {
+                let how = if gate.certs {
+                    "credentials required: send Authorization: Bearer <token> or a client \
+                     certificate"
+                } else {
+                    "credentials required: send Authorization: Bearer <token>"
+                };
+                return refuse(Reason::Missing, "-", how.into(), None);
+            }
+        },
         Err(()) => {
             return refuse(
                 Reason::Invalid,
                 "-",
                 "the Authorization header is not Bearer <token>".into(),
+                None,
             )
         }
     };
-    let Some(who) = gate.identify(&token) else {
-        return refuse(Reason::Invalid, "-", "the token is not valid".into());
-    };
     let refused = match &need {
         Need::Open | Need::Identity => None,
-        Need::Admin => (!who.admin).then(|| "the admin right".to_owned()),
+        Need::Admin => (!who.has(Right::Admin, "")).then(|| "the admin right".to_owned()),
         Need::On(rights, name) => (!rights.iter().any(|r| who.has(*r, name))).then(|| {
             let rights: Vec<&str> = rights.iter().map(|r| r.as_str()).collect();
             let kind = if rights.contains(&"publish") {
@@ -334,17 +455,24 @@ pub async fn gate(
         }),
     };
     if let Some(what) = refused {
+        let unlisted = if who.rights.is_none() {
+            " (it has no entry in [auth.identities])"
+        } else {
+            ""
+        };
         return refuse(
             Reason::Forbidden,
             &who.name,
-            format!("identity {} does not have {what}", who.name),
+            format!("identity {} does not have {what}{unlisted}", who.name),
+            None,
         );
     }
     next.run(req).await
 }
 
-/// A 401 (with `WWW-Authenticate`) or 403 answer.
-fn refusal(reason: Reason, message: String) -> Response {
+/// A 401 (with `WWW-Authenticate`, and the JWT refusal's `error_description`) or 403
+/// answer.
+fn refusal(reason: Reason, message: String, detail: Option<&str>, close: bool) -> Response {
     let (status, code, challenge) = match reason {
         Reason::Missing => (
             StatusCode::UNAUTHORIZED,
@@ -362,9 +490,21 @@ fn refusal(reason: Reason, message: String) -> Response {
             r#"Bearer realm="unimesh", error="insufficient_scope""#,
         ),
     };
-    let mut r = ApiError::new(status, code, message).into_response();
-    r.headers_mut()
-        .insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    let mut e = ApiError::new(status, code, message);
+    e.close = close;
+    let mut r = e.into_response();
+    let described = detail.and_then(|d| {
+        // A quoted-string: the descriptions are plain words, but keep it safe.
+        let d: String = d
+            .chars()
+            .filter(|c| c.is_ascii() && !c.is_ascii_control() && !matches!(c, '"' | '\\'))
+            .collect();
+        HeaderValue::from_str(&format!("{challenge}, error_description=\"{d}\"")).ok()
+    });
+    r.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        described.unwrap_or_else(|| HeaderValue::from_static(challenge)),
+    );
     r
 }
 
@@ -380,7 +520,8 @@ mod tests {
     }
 
     fn gate() -> Gate {
-        let mut auth = Auth::default();
+        let mut config = Config::default();
+        let auth = &mut config.auth;
         auth.identities.insert(
             "shop".into(),
             Identity {
@@ -401,7 +542,7 @@ mod tests {
                 admin: true,
             },
         );
-        Gate::new(&auth).expect("identities: auth on")
+        Gate::new(&config).expect("identities: auth on")
     }
 
     #[test]
@@ -425,7 +566,16 @@ mod tests {
         assert!(!shop.has(Right::Admin, ""));
         let ops = g.identify("t-ops").expect("known");
         assert!(ops.has(Right::Define, "anything") && ops.has(Right::Admin, ""));
-        assert!(Gate::new(&Auth::default()).is_none(), "no identities: off");
+        assert!(
+            Gate::new(&Config::default()).is_none(),
+            "no identities: off"
+        );
+        let named = g.named("shop");
+        assert!(
+            named.has(Right::Publish, "orders.eu"),
+            "a name gets its rights"
+        );
+        assert!(!g.named("stranger").has(Right::Publish, "orders.eu"));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod code {
     pub const ORIGIN_NOT_ALLOWED: &str = "origin-not-allowed";
     pub const RATE_LIMITED: &str = "rate-limited";
     pub const REQUEST_TIMEOUT: &str = "request-timeout";
+    pub const TLS_REQUIRED: &str = "tls-required";
     pub const TOO_LARGE: &str = "too-large";
     pub const UNAUTHORIZED: &str = "unauthorized";
     pub const UNAVAILABLE: &str = "unavailable";

@@ -15,9 +15,13 @@ mod admin;
 pub mod auth;
 mod body;
 pub mod cors;
+#[cfg(not(madsim))]
+mod der;
 mod document;
 pub mod error;
 mod extract;
+#[cfg(not(madsim))]
+pub mod jwt;
 pub mod metrics;
 pub mod push;
 mod query;
@@ -27,6 +31,8 @@ mod schema;
 mod server;
 mod streams;
 pub mod target;
+#[cfg(not(madsim))]
+pub mod tls;
 mod traffic;
 
 #[cfg(test)]
@@ -82,7 +88,7 @@ impl App {
             server: config.server.clone(),
             push: config.push.clone(),
             // Parsed by `Config::validate` already, like the push targets below.
-            auth: auth::Gate::new(&config.auth),
+            auth: auth::Gate::new(config),
             cors: cors::Origins::parse(&config.server.cors_allowed_origins).unwrap_or_default(),
             // `Config::validate` parsed the list already; a list it refused allows nothing
             // non-public here.
@@ -92,6 +98,14 @@ impl App {
             streams: Arc::new(Semaphore::new(config.server.max_streams)),
             replies: reply::Replies::new(config.limits.max_pending_requests),
         }
+    }
+
+    /// The same app, checking JWTs with these keys (`jwt::Verifier::load`).
+    #[cfg(not(madsim))]
+    #[must_use]
+    pub fn with_jwt(mut self, jwt: Option<Arc<jwt::Verifier>>) -> Self {
+        self.auth = self.auth.map(|g| g.with_jwt(jwt));
+        self
     }
 
     /// The same app, knowing the addresses its listeners are bound to (never push targets).

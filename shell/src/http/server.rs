@@ -1,5 +1,6 @@
 //! The two listeners: accept loops with a bounded number of connections each, HTTP/1.1 and
-//! HTTP/2 (h2c) on every connection, and graceful shutdown.
+//! HTTP/2 (h2c, or by ALPN over TLS) on every connection, TLS when `[server.tls]` says so
+//! (`tls.rs`), and graceful shutdown.
 //!
 //! Shutdown happens in two steps so the caller can flush the engine in between:
 //! [`Server::run`] returns once the stop signal came (nothing new is accepted), handing
@@ -16,12 +17,16 @@ use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt as _;
 
+use super::auth::PeerIdentity;
 use super::routes::{router, Listener};
+#[cfg(not(madsim))]
+use super::tls::Tls;
 use super::App;
 use crate::config;
 
@@ -30,7 +35,13 @@ pub struct Server {
     traffic: TcpListener,
     admin: TcpListener,
     settings: config::Server,
+    #[cfg(not(madsim))]
+    tls: Option<Arc<Tls>>,
 }
+
+/// A connection's byte stream: TCP, or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// Connections still open after the stop signal.
 pub struct Draining {
@@ -55,7 +66,17 @@ impl Server {
             traffic,
             admin,
             settings,
+            #[cfg(not(madsim))]
+            tls: None,
         })
+    }
+
+    /// Serves both listeners over TLS.
+    #[cfg(not(madsim))]
+    #[must_use]
+    pub fn with_tls(mut self, tls: Arc<Tls>) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn traffic_addr(&self) -> std::io::Result<SocketAddr> {
@@ -103,21 +124,39 @@ impl Server {
             let slot = Arc::new(ConnSlot {
                 permit: std::sync::Mutex::new(Some(permit)),
             });
-            let held = slot.clone();
-            // An axum router never fails (its error type is `Infallible`).
-            let service = service_fn(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(slot.clone());
-                router.clone().oneshot(req)
-            });
-            let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            let conn = graceful.watch(conn);
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
+            #[cfg(not(madsim))]
+            let tls = self.tls.clone();
+            let timeout = Duration::from_millis(self.settings.header_read_timeout_ms);
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                #[cfg(not(madsim))]
+                if let Some(tls) = tls {
+                    if let Some((io, identity)) = handshake(&tls, stream, peer, timeout).await {
+                        serve(
+                            &builder,
+                            watcher,
+                            Box::new(io),
+                            slot,
+                            identity,
+                            router,
+                            peer,
+                        )
+                        .await;
+                    }
+                    return;
                 }
-                drop(held);
+                let _ = timeout;
+                serve(
+                    &builder,
+                    watcher,
+                    Box::new(stream),
+                    slot,
+                    None,
+                    router,
+                    peer,
+                )
+                .await;
             });
         }
         Draining {
@@ -125,6 +164,99 @@ impl Server {
             grace: Duration::from_millis(self.settings.shutdown_grace_ms),
         }
     }
+}
+
+/// Serves one connection until it ends (or the graceful shutdown closes it).
+async fn serve(
+    builder: &auto::Builder<TokioExecutor>,
+    watcher: Watcher,
+    io: Box<dyn Io>,
+    slot: Arc<ConnSlot>,
+    identity: Option<PeerIdentity>,
+    router: axum::Router,
+    peer: SocketAddr,
+) {
+    let held = slot.clone();
+    // An axum router never fails (its error type is `Infallible`).
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(slot.clone());
+        if let Some(id) = &identity {
+            req.extensions_mut().insert(id.clone());
+        }
+        router.clone().oneshot(req)
+    });
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    if let Err(e) = watcher.watch(conn.into_owned()).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+    drop(held);
+}
+
+/// The TLS handshake of an accepted connection, within `timeout`, and the identity its
+/// client certificate names. A client speaking plain HTTP (its first byte is not a TLS
+/// handshake record) gets a plain 400 naming the problem, then the connection closes.
+#[cfg(not(madsim))]
+async fn handshake(
+    tls: &Tls,
+    stream: TcpStream,
+    peer: SocketAddr,
+    timeout: Duration,
+) -> Option<(
+    tokio_rustls::server::TlsStream<TcpStream>,
+    Option<PeerIdentity>,
+)> {
+    /// The content type of a TLS handshake record, the first byte of every ClientHello.
+    const HANDSHAKE: u8 = 0x16;
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] == HANDSHAKE => {}
+        Ok(Ok(1)) => {
+            let _ = tokio::time::timeout(timeout, refuse_plain(stream)).await;
+            return None;
+        }
+        _ => return None,
+    }
+    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+        Ok(Ok(io)) => {
+            let identity = super::tls::peer_identity(io.get_ref().1).map(PeerIdentity);
+            Some((io, identity))
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// Answers a plain-HTTP request on a TLS port: reads its head (so closing does not reset
+/// the connection under the answer), answers 400 `tls-required`, closes.
+#[cfg(not(madsim))]
+async fn refuse_plain(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while head.len() < 64 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let body = serde_json::json!({
+        "error": super::error::code::TLS_REQUIRED,
+        "message": "this port speaks TLS: use https:// (plain HTTP is not served here)",
+    })
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 /// A connection's slot among `server.max_connections`. An HTTP/1.1 connection that becomes
