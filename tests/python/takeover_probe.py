@@ -1,7 +1,7 @@
 """Diagnostic, not a test: two plain confluent-kafka consumers in one group on a broker;
 SIGKILL one; does the survivor take its partitions, and how soon? ASSIGN_SLEEP_S makes the
 survivor's assign callback slow (as unimesh's, which reads progress), STRATEGY picks the
-assignor, SESSION_MS the session timeout, DEBUG=cgrp librdkafka's group logs (issue 18).
+assignor, SESSION_MS the session timeout, LEADER_DIES=S starts the killed one S seconds first (the leader), DEBUG=cgrp librdkafka's group logs (issue 18).
 
     TOPIC=t1 python3 tests/python/takeover_probe.py 127.0.0.1:PORT
 """
@@ -62,6 +62,9 @@ else:
         p.produce(TOPIC, key=str(i), value=b"x", partition=i % 4)
     log("unflushed", p.flush(10))
     child = subprocess.Popen([sys.executable, __file__, BROKER, "child"])
+    if os.environ.get("LEADER_DIES"):
+        # The killed consumer joins first, so it is the group's leader (issue 18).
+        time.sleep(float(os.environ.get("LEADER_DIES")))
     c, owned = run("b", True)
     start = time.time()
     while time.time() - start < 60:

@@ -314,7 +314,12 @@ fn spawn_tansu(
         .args(["--advertised-listener-url", &format!("tcp://{advertise}")])
         .args(["--storage-engine", "memory://tansu/"])
         .current_dir(dir)
-        .env("RUST_LOG", "warn")
+        // `UNIMESH_TEST_TANSU_LOG=FILTER`: tansu's log filter (its group coordinator logs
+        // evictions at info, its requests at debug).
+        .env(
+            "RUST_LOG",
+            std::env::var("UNIMESH_TEST_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
