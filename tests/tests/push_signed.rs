@@ -79,7 +79,7 @@ fn a_receiver_verifies_signed_pushes_and_a_wrong_secret_fails() {
     let created = s.subscribe("signed", &doc);
     assert_eq!(
         created["push"],
-        json!({"url": hook.url("/signed"), "signed": true})
+        json!({"url": hook.url("/signed"), "signed": true, "batch": 1})
     );
     let plain = json!({"topic": "t", "push": {"url": hook.url("/plain")}});
     let created = s.subscribe("plain", &plain);

@@ -369,9 +369,27 @@ pub async fn gate(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(gate) = app.auth.as_ref() else {
+    let Some(refused) = check(&app, listener, &mut req).await else {
         return next.run(req).await;
     };
+    // HTTP/2: a stream answered before its body was read is reset, and a client still
+    // sending it may report the reset instead of the answer (curl: error 92). Read (and
+    // drop) a bounded body first; HTTP/1 closes the connection instead (see `check`).
+    if req.version() == http::Version::HTTP_2 {
+        let drain = axum::body::to_bytes(req.into_body(), REFUSED_BODY_DRAIN_BYTES);
+        let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
+    }
+    refused
+}
+
+/// Most bytes of a refused HTTP/2 request's body read before answering.
+const REFUSED_BODY_DRAIN_BYTES: usize = 1 << 20;
+/// How long reading it may take.
+const REFUSED_BODY_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The refusal of a request, or `None` to let it through.
+async fn check(app: &App, listener: Listener, req: &mut Request) -> Option<Response> {
+    let gate = app.auth.as_ref()?;
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -385,13 +403,15 @@ pub async fn gate(
     };
     let need = gate.need(listener, req.method(), route.as_deref(), &params);
     if need == Need::Open {
-        return next.run(req).await;
+        return None;
     }
     let shown_route = route.as_deref().unwrap_or(super::routes::UNMATCHED_LABEL);
     // A refused request's body is never read: close the connection after the answer, so
     // a client does not send its next request on a connection that is being torn down.
-    let has_body = req.headers().contains_key(http::header::CONTENT_LENGTH)
-        || req.headers().contains_key(http::header::TRANSFER_ENCODING);
+    // (HTTP/1 only: HTTP/2 has no `Connection` header, and `gate` reads the body there.)
+    let has_body = req.version() < http::Version::HTTP_2
+        && (req.headers().contains_key(http::header::CONTENT_LENGTH)
+            || req.headers().contains_key(http::header::TRANSFER_ENCODING));
     let refuse = |reason: Reason, identity: &str, message: String, detail: Option<&str>| {
         tracing::info!(
             identity,
@@ -405,19 +425,24 @@ pub async fn gate(
         refusal(reason, message, detail, has_body)
     };
     let peer = req.extensions().get::<PeerIdentity>().cloned();
-    let who = match token_of(&req, route.as_deref()) {
+    let who = match token_of(req, route.as_deref()) {
         Ok(Some(token)) => match gate.caller_of_token(&token) {
             Ok(who) => who,
             Err(Some(why)) => {
-                return refuse(
+                return Some(refuse(
                     Reason::Invalid,
                     "-",
                     format!("the token is not valid: {why}"),
                     Some(&why),
-                )
+                ))
             }
             Err(None) => {
-                return refuse(Reason::Invalid, "-", "the token is not valid".into(), None)
+                return Some(refuse(
+                    Reason::Invalid,
+                    "-",
+                    "the token is not valid".into(),
+                    None,
+                ))
             }
         },
         Ok(None) => match peer {
@@ -429,16 +454,16 @@ pub async fn gate(
                 } else {
                     "credentials required: send Authorization: Bearer <token>"
                 };
-                return refuse(Reason::Missing, "-", how.into(), None);
+                return Some(refuse(Reason::Missing, "-", how.into(), None));
             }
         },
         Err(()) => {
-            return refuse(
+            return Some(refuse(
                 Reason::Invalid,
                 "-",
                 "the Authorization header is not Bearer <token>".into(),
                 None,
-            )
+            ))
         }
     };
     let refused = match &need {
@@ -460,14 +485,14 @@ pub async fn gate(
         } else {
             ""
         };
-        return refuse(
+        return Some(refuse(
             Reason::Forbidden,
             &who.name,
             format!("identity {} does not have {what}{unlisted}", who.name),
             None,
-        );
+        ));
     }
-    next.run(req).await
+    None
 }
 
 /// A 401 (with `WWW-Authenticate`, and the JWT refusal's `error_description`) or 403
