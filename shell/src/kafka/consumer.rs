@@ -5,16 +5,13 @@
 //! progress — exactly what "committed before the callback returns" needs, without blocking
 //! an async worker.
 //!
-//! Fetches (the core's `Fetch(from, max)`) are answered from a per-partition buffer of
-//! what the stream delivered. The rule that keeps offset gaps safe: a partition's `base` is
-//! an offset from which every record of the log either is in the buffer or is still to
-//! come from the stream, in order. A fetch from `from >= base` is answered from the stream
-//! (the first record it gets is the first record at or above `from` in the log, so the
-//! offsets skipped between are really absent: compaction, transaction markers); a fetch
-//! from below `base` seeks first. A partition with no fetch waiting and a full buffer is
-//! paused, so the broker backlog never becomes memory (C8).
+//! This file is the librdkafka side only: the callback forwards each rebalance to the
+//! decisions of `rules/` (what an assignment resumes from, what a revocation flushes,
+//! commits and drops) and carries out their answers; fetches are answered from the
+//! partition buffer of `rules/part.rs` (its rule keeps offset gaps safe and pauses a full
+//! partition, C8), with a fetch from below the buffer's `base` seeking first.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
@@ -32,20 +29,21 @@ use madsim_rdkafka::types::RDKafkaRespErr;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
-use unimesh_core::{Assignment, Checkpoint, GroupName, Offset, Partition, Record, TopicName};
+use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
-use super::epochs::{divergence, evident_end, known_end, leader_epoch, EpochProbe};
+use super::epochs::{divergence, evident_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
 use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
 use super::records::decode_message;
+use super::rules::part::{self, Span, Validate};
+use super::rules::revoke::{Ask, Revocation};
+use super::rules::{assign, Rebalance};
 use super::ClientRole;
 use crate::engine::{GroupEvent, LogRead};
 use madsim_rdkafka::producer::FutureRecord;
 
 /// How long the consumer thread sleeps in a poll when nothing happens.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
-/// Records buffered per partition beyond which a partition without a waiting fetch pauses.
-const PAUSE_AT_RECORDS: usize = 2_000;
 /// How long a revocation waits for the engine to flush before giving the partition up.
 const REVOKE_WAIT: Duration = Duration::from_secs(30);
 /// How long an assignment reads the progress topic again while it fails.
@@ -215,106 +213,17 @@ fn run_now<F: Future>(f: F) -> Option<F::Output> {
     }
 }
 
-/// What the thread knows of one assigned partition.
-struct Part {
-    /// Every record at or above `base` is in `buffer` or still to come from the stream.
-    base: Offset,
-    /// Records with the leader epoch of their batch.
-    buffer: VecDeque<(Record, Option<i32>)>,
-    buffered_bytes: usize,
-    fetch: Option<FetchRequest>,
-    paused: bool,
-    /// The consumer reported an offset out of range (it does not say for which partition):
-    /// the next fetch checks this partition's offsets against the broker's first.
-    check_range: bool,
-    /// The consumer may have stopped fetching this partition (with `auto.offset.reset =
-    /// error` librdkafka stops a partition at an out-of-range answer, and a seek no longer
-    /// restarts it): the next repositioning assigns the partition again instead.
-    stalled: bool,
-    /// A check of what the lane knows against the log, due before its next fetch is
-    /// answered: at assignment (the checkpoint it resumes from), and after librdkafka
-    /// stopped the partition (it may have detected a truncation).
-    validate: Option<Validate>,
-    /// The leader epoch of the lane's position: the checkpoint's stamp, raised by every
-    /// record handed to the core (never by one only buffered: a record read from a log
-    /// not yet checked must not vouch for it); progress records are stamped with it
-    /// (`epochs.rs`).
-    epoch: Option<i32>,
-    /// The lane knows offsets below this (its checkpoint's, and every record handed to
-    /// the core).
-    known_end: Offset,
-}
+/// What the thread knows of one assigned partition: the buffer rule of `rules/part.rs`,
+/// with this thread's fetch requests waiting in it.
+type Part = part::Part<FetchRequest>;
 
-/// A log's (earliest, end), or (earliest, divergence point).
-type Span = (Offset, Offset);
-
-/// What a lane knows, to check against the log before it reads on (`epochs.rs`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Validate {
-    /// The leader epoch of what it knows (`None`: unknown; only the log's end tells).
-    stamp: Option<i32>,
-    /// It knows offsets below this.
-    known_end: Offset,
-    /// The log's (earliest, end) to check against; `None`: read them first.
-    range: Option<(Offset, Offset)>,
-}
-
-impl Part {
-    fn new(base: Offset) -> Self {
-        Self {
-            check_range: false,
-            stalled: false,
-            validate: None,
-            epoch: None,
-            known_end: 0,
-            base,
-            buffer: VecDeque::new(),
-            buffered_bytes: 0,
-            fetch: None,
-            paused: false,
-        }
+impl part::Waiting for FetchRequest {
+    fn max(&self) -> usize {
+        self.max
     }
 
-    /// Drops what lies below `from` (already answered, or skipped by the core).
-    fn discard_below(&mut self, from: Offset) {
-        while self.buffer.front().is_some_and(|(r, _)| r.offset < from) {
-            if let Some((r, _)) = self.buffer.pop_front() {
-                self.buffered_bytes -= r.body.len();
-            }
-        }
-        self.base = self.base.max(from);
-    }
-
-    /// Answers the waiting fetch with what the buffer holds, if it holds anything: the
-    /// end of what was handed over, and the lane's leader epoch when those records raised
-    /// it.
-    fn answer_if_ready(&mut self) -> Option<(Offset, Option<i32>)> {
-        if self.buffer.is_empty() {
-            return None;
-        }
-        let req = self.fetch.take()?;
-        let before = self.epoch;
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        while out.len() < req.max {
-            let Some((front, _)) = self.buffer.front() else {
-                break;
-            };
-            if !out.is_empty() && bytes + front.body.len() > req.max_bytes {
-                break;
-            }
-            let Some((r, epoch)) = self.buffer.pop_front() else {
-                break;
-            };
-            bytes += r.body.len();
-            self.buffered_bytes -= r.body.len();
-            self.base = r.offset + 1;
-            self.known_end = self.known_end.max(r.offset + 1);
-            self.epoch = self.epoch.max(epoch);
-            out.push(r);
-        }
-        let _ = req.reply.send(LogRead::Decoded(out));
-        Some((self.base, self.epoch.filter(|_| self.epoch != before)))
+    fn max_bytes(&self) -> usize {
+        self.max_bytes
     }
 }
 
@@ -349,16 +258,30 @@ impl ConsumerContext for GroupContext {
             .counters()
             .rebalances
             .fetch_add(1, Ordering::Relaxed);
-        match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.on_assign(&consumer, &partitions)
-            }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.on_revoke(&consumer, tpl, &partitions)
-            }
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign {
+                partitions,
+                // The generation of this ownership: every progress record written for
+                // these partitions carries it, and outranks those of their earlier owners.
+                generation: group_generation(consumer.client().native_client()),
+            },
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke {
+                partitions,
+                lost: consumer.assignment_lost(),
+            },
             other => {
                 tracing::error!(group = %self.group, error = ?other, "rebalance failed");
                 let _ = consumer.unassign();
+                return;
+            }
+        };
+        match rebalance {
+            Rebalance::Assign {
+                partitions,
+                generation,
+            } => self.on_assign(&consumer, &partitions, generation),
+            Rebalance::Revoke { partitions, lost } => {
+                self.on_revoke(&consumer, tpl, Revocation::new(partitions, lost))
             }
         }
     }
@@ -377,7 +300,12 @@ impl ConsumerContext for GroupContext {
 impl GroupContext {
     /// Reads each new partition's progress (the progress topic, else the committed
     /// offset), assigns it at exactly that offset, and tells the engine.
-    fn on_assign(&self, consumer: &BaseConsumer<GroupContext>, partitions: &[Partition]) {
+    fn on_assign(
+        &self,
+        consumer: &BaseConsumer<GroupContext>,
+        partitions: &[Partition],
+        gen: Option<i32>,
+    ) {
         let log = &self.log;
         let timeout = log.settings().request_timeout;
         let mut committed = BTreeMap::new();
@@ -403,9 +331,6 @@ impl GroupContext {
             }
             Some(Ok(_)) | None => {}
         }
-        // The generation of this ownership: every progress record written for these
-        // partitions carries it, and outranks those of their earlier owners.
-        let gen = group_generation(consumer.client().native_client());
         if gen.is_none() && !partitions.is_empty() {
             tracing::warn!(group = %self.group, "the client reports no group generation; progress writes are not fenced");
         }
@@ -418,60 +343,33 @@ impl GroupContext {
         let mut tpl = TopicPartitionList::new();
         let mut parts = lock(&self.parts);
         for &p in partitions {
-            // Offsets that could not be read are unknown, never (0, 0): taken as the log's
-            // end, 0 made every lane that knew offsets "diverge" at 0 and deliver its ACK
-            // ranges again (issue 23). The check before the first fetch reads them then.
+            // Offsets that could not be read are unknown (`assign::lane_start`): the check
+            // before the first fetch reads them then.
             let read = read_offsets(log, &self.topic, p);
             if let Err(e) = &read {
                 tracing::warn!(group = %self.group, partition = p, error = %e, "cannot read offsets at assignment; the lane's first fetch reads them");
             }
-            let range = read.ok();
-            let (earliest, end) = range
-                .or_else(|| log.cached_offsets(&self.topic, p))
-                .unwrap_or((0, 0));
-            let chosen = stored.get(&p).cloned().unwrap_or_default();
-            tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), leader_epoch = ?chosen.leader_epoch, committed = ?committed.get(&p), end, "progress read at assignment");
-            // A committed offset past the progress record is all that is known (a commit
-            // carries no leader epoch here): checked against the log's end only.
-            let (checkpoint, stamp) = match (chosen.checkpoint.as_ref(), committed.get(&p)) {
-                (Some(cp), Some(&c)) if c > cp.progress.watermark() => {
-                    (Some(Checkpoint::new(c)), None)
-                }
-                (Some(cp), _) => (Some(cp.clone()), chosen.leader_epoch),
-                (None, Some(&c)) => (Some(Checkpoint::new(c)), None),
-                (None, None) => (None, None),
+            let found = assign::Found {
+                chosen: stored.get(&p).cloned().unwrap_or_default(),
+                committed: committed.get(&p).copied(),
+                range: read.ok(),
+                cached: log.cached_offsets(&self.topic, p),
             };
+            tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?found.chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), leader_epoch = ?found.chosen.leader_epoch, committed = ?found.committed, range = ?found.range, "progress read at assignment");
+            let lane = assign::lane_start(p, found);
             log.inner
                 .progress
-                .own(&self.group, p, gen, stamp, chosen.stale);
-            let start = checkpoint
-                .as_ref()
-                .map_or(earliest, |c| c.progress.watermark());
-            // Read from far enough back that the stream holds every record from `start`
-            // on (records below it are dropped as they come: `base`).
-            let read_from = self.stream_start(p, start, earliest);
+                .own(&self.group, p, gen, lane.stamp, lane.stale);
+            // Read from far enough back that the stream holds every record from the lane's
+            // start on (records below it are dropped as they come: `base`).
+            let read_from = self.stream_start(p, lane.part.base, lane.assignment.earliest);
             let _ = tpl.add_partition_offset(
                 self.topic.as_str(),
                 p as i32,
                 KOffset::Offset(read_from as i64),
             );
-            let mut part = Part::new(start);
-            part.epoch = stamp;
-            if let Some(c) = &checkpoint {
-                part.known_end = known_end(c);
-                part.validate = Some(Validate {
-                    stamp,
-                    known_end: part.known_end,
-                    range,
-                });
-            }
-            parts.insert(p, part);
-            assignments.push(Assignment {
-                partition: p,
-                earliest,
-                end,
-                checkpoint,
-            });
+            parts.insert(p, lane.part);
+            assignments.push(lane.assignment);
         }
         drop(parts);
         let assigned = match consumer.rebalance_protocol() {
@@ -592,25 +490,24 @@ impl GroupContext {
         &self,
         consumer: &BaseConsumer<GroupContext>,
         tpl: &TopicPartitionList,
-        partitions: &[Partition],
+        mut revocation: Revocation,
     ) {
-        let lost = consumer.assignment_lost();
+        let partitions = revocation.partitions().to_vec();
         let (done, wait) = std_mpsc::sync_channel(1);
         let sent = self.events.blocking_send(GroupEvent::Revoking {
             group: self.group.clone(),
-            partitions: partitions.to_vec(),
-            lost,
+            partitions: partitions.clone(),
+            lost: revocation.ask() == Ask::DropNow,
             done,
         });
         let started = Instant::now();
-        let mut commits = BTreeMap::new();
         if sent.is_ok() {
             loop {
                 match wait.recv_timeout(Duration::from_millis(5)) {
                     Ok(()) | Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
                     Err(std_mpsc::RecvTimeoutError::Timeout) => {}
                 }
-                self.take_control(&mut commits);
+                self.take_control(&mut revocation);
                 if started.elapsed() > REVOKE_WAIT {
                     tracing::error!(group = %self.group, ?partitions, "the engine did not flush in time; giving the partitions up");
                     break;
@@ -618,23 +515,27 @@ impl GroupContext {
             }
         }
         // Commits the engine issued before it answered.
-        self.take_control(&mut commits);
+        self.take_control(&mut revocation);
+        let lost = revocation.lost();
+        let handover = revocation.finish();
         // From here a checkpoint of these partitions is not this instance's to write.
-        self.log.inner.progress.release(&self.group, partitions);
+        self.log
+            .inner
+            .progress
+            .release(&self.group, &handover.release);
         if lost {
             tracing::warn!(group = %self.group, ?partitions, "assignment lost (session timeout): another instance may already own it, not committing");
-        } else {
-            commit_now(
-                consumer,
-                &self.topic,
-                &commits,
-                CommitMode::Sync,
-                &self.group,
-            );
         }
+        commit_now(
+            consumer,
+            &self.topic,
+            &handover.commit,
+            CommitMode::Sync,
+            &self.group,
+        );
         {
             let mut parts = lock(&self.parts);
-            for p in partitions {
+            for p in &handover.drop {
                 if let Some(mut part) = parts.remove(p) {
                     if let Some(req) = part.fetch.take() {
                         // The engine dropped the lane already; the answer is only stale.
@@ -653,14 +554,15 @@ impl GroupContext {
         tracing::info!(group = %self.group, instance = %self.log.settings().instance, ?partitions, "Kafka revoked partitions");
     }
 
-    /// Takes commits off the control channel (newest offset per partition wins); fetches
-    /// are held for after the revocation, a stop is put back as a held marker.
-    fn take_control(&self, commits: &mut BTreeMap<Partition, Offset>) {
+    /// Takes commits off the control channel into the revocation (newest offset per
+    /// partition wins); fetches are held for after the revocation, a stop is put back as a
+    /// held marker.
+    fn take_control(&self, revocation: &mut Revocation) {
         let rx = lock(&self.control);
         while let Ok(c) = rx.try_recv() {
             match c {
                 Control::Commit { partition, offset } => {
-                    commits.insert(partition, offset);
+                    revocation.commit_asked(partition, offset);
                 }
                 Control::Fetch(req) => lock(&self.held).push(req),
                 Control::Stop => STOP_REQUESTED.with(|s| s.set(true)),
@@ -871,16 +773,13 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         return;
     };
     if reposition {
-        part.stalled = false;
-        part.buffer.clear();
-        part.buffered_bytes = 0;
-        part.base = req.from;
+        part.reposition(req.from);
     }
     part.discard_below(req.from);
     let partition = req.partition;
     part.fetch = Some(req);
     answer(ctx, partition, part);
-    if part.paused && part.buffer.len() < PAUSE_AT_RECORDS {
+    if part.should_resume() {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(ctx.topic.as_str(), partition as i32);
         if consumer.resume(&tpl).is_ok() {
@@ -1096,8 +995,7 @@ fn restart_fetcher(
                 let at = if p == partition {
                     from
                 } else {
-                    part.buffer.clear();
-                    part.buffered_bytes = 0;
+                    part.clear();
                     part.base
                 };
                 resumed.add_partition(topic, p as i32);
@@ -1131,12 +1029,16 @@ fn restart_fetcher(
 /// Answers the partition's waiting fetch if it can, and stamps the lane's later progress
 /// records with the leader epoch the records handed over raised it to.
 fn answer(ctx: &GroupContext, partition: Partition, part: &mut Part) {
-    let Some((end, raised)) = part.answer_if_ready() else {
+    let Some(answered) = part.answer_if_ready() else {
         return;
     };
+    let _ = answered
+        .fetch
+        .reply
+        .send(LogRead::Decoded(answered.records));
     // The log holds records up to here, whatever end the broker claims.
-    ctx.log.show_end(&ctx.topic, partition, end, false);
-    if let Some(e) = raised {
+    ctx.log.show_end(&ctx.topic, partition, answered.end, false);
+    if let Some(e) = answered.raised {
         ctx.log
             .inner
             .progress
@@ -1151,15 +1053,14 @@ fn on_message(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, m: &Bor
     let Some(part) = parts.get_mut(&partition) else {
         return;
     };
-    if offset < part.base {
+    if !part.wants(offset) {
         // Fetched before a seek or already answered.
         return;
     }
     let record = decode_message(m, ctx.log.settings().max_event_bytes);
-    part.buffered_bytes += record.body.len();
-    part.buffer.push_back((record, leader_epoch(m)));
+    part.push(record, leader_epoch(m));
     answer(ctx, partition, part);
-    if part.fetch.is_none() && !part.paused && part.buffer.len() >= PAUSE_AT_RECORDS {
+    if part.should_pause() {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(ctx.topic.as_str(), partition as i32);
         if consumer.pause(&tpl).is_ok() {
@@ -1289,8 +1190,9 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> 
 
 #[cfg(test)]
 mod tests {
-    use unimesh_core::Progress;
+    use unimesh_core::{Checkpoint, Progress};
 
+    use super::super::epochs::known_end;
     use super::*;
 
     fn checkpoint(

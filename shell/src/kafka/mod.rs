@@ -23,6 +23,9 @@
 //!   progress topic and committed; from then on the core issues no effect for the
 //!   partition (late ACKs answer `revoked`).
 //!
+//! The consumer's decisions are in `rules/`, free of librdkafka: `consumer` forwards its
+//! rebalance callbacks there and carries out the answers.
+//!
 //! Under the madsim simulator (`--cfg madsim`) madsim-rdkafka's simulated broker has no
 //! consumer groups and no committed offsets, so the group-coordinator parts (`consumer`,
 //! the shared `subscriptions` watcher) are not built there. In their place `assigned`: one
@@ -39,6 +42,7 @@ mod log;
 mod progress;
 mod properties;
 mod records;
+pub mod rules;
 #[cfg(not(madsim))]
 mod subscriptions;
 
@@ -48,6 +52,7 @@ pub use log::KafkaLog;
 pub use progress::KafkaState;
 pub use properties::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
 pub use records::decode_message;
+pub use rules::Rebalance;
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;
 
