@@ -157,6 +157,7 @@ pub fn start_observed(
     );
     task.start = start;
     task.tap = tap;
+    let fences = task.fences.clone();
     if log.assigns_partitions() {
         let (group_tx, group_rx) = mpsc::channel(1_024);
         log.attach(group_tx);
@@ -165,7 +166,7 @@ pub fn start_observed(
     task.assign_recovered()?;
     tracing::info!(epoch, "engine started");
 
-    tokio::spawn(persist_writer(state.clone(), persist_rx, events_tx));
+    tokio::spawn(persist_writer(state.clone(), persist_rx, events_tx, fences));
     if config.retention_interval_ms > 0 {
         let log = log.clone();
         let every = std::time::Duration::from_millis(config.retention_interval_ms);

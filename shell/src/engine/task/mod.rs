@@ -32,6 +32,7 @@ use unimesh_core::{
 
 use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
+use super::persist::Fences;
 use super::ports::{GroupEvent, LogPort, LogRead};
 use super::records::decode_record;
 use super::stream::Notice;
@@ -79,6 +80,10 @@ pub(crate) struct EngineTask {
     invariants: InvariantSampler,
     /// Told every input and effect, when set (the madsim harness).
     pub tap: Option<Arc<dyn EngineTap>>,
+    /// What the persist writer must not write (a lost revocation's lanes), shared with it.
+    pub(crate) fences: Fences,
+    /// The ticket of the newest persist issued.
+    last_ticket: Option<Ticket>,
 }
 
 impl EngineTask {
@@ -122,6 +127,8 @@ impl EngineTask {
             last_closed_scan: Instant::now(),
             invariants: InvariantSampler::default(),
             tap: None,
+            fences: Fences::default(),
+            last_ticket: None,
         }
     }
 
@@ -363,6 +370,7 @@ impl EngineTask {
                     if let Some(tap) = &self.tap {
                         tap.persist(self.mesh.now(), ticket, &batch);
                     }
+                    self.last_ticket = Some(ticket);
                     if self.persist_tx.try_send((ticket, batch)).is_err() {
                         // The core bounds outstanding persists far below the channel size,
                         // so this only happens when the writer is gone.
@@ -513,7 +521,11 @@ impl EngineTask {
                 done,
             } => {
                 // Dropped at once: what this instance did not persist yet is redelivered by
-                // the new owner (in flight, C2), and nothing of it reaches the stores.
+                // the new owner (in flight, C2), and nothing of it reaches the stores — not
+                // even a persist already issued and still waiting for the writer.
+                if let Some(t) = self.last_ticket {
+                    self.fences.fence(&group, &partitions, t + 1);
+                }
                 let _ = self.handle(Input::PartitionsRevoked {
                     group: group.clone(),
                     partitions: partitions.clone(),

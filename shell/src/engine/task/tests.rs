@@ -17,15 +17,11 @@ fn task(log: Arc<MemoryLog>) -> EngineTask {
     let (_commands_tx, commands_rx) = mpsc::channel(8);
     let (persist_tx, persist_rx) = mpsc::channel(64);
     let (events_tx, events_rx) = mpsc::channel(64);
+    let events_tx_writer = events_tx.clone();
     let state = Arc::new(StoreAdapter::new(Box::new(MemoryStore::open(
         MemoryDisk::new(),
     ))));
-    tokio::spawn(crate::engine::persist::persist_writer(
-        state,
-        persist_rx,
-        events_tx.clone(),
-    ));
-    EngineTask::new(
+    let task = EngineTask::new(
         mesh,
         Arc::new(log),
         Arc::new(Shared::default()),
@@ -35,7 +31,14 @@ fn task(log: Arc<MemoryLog>) -> EngineTask {
         mpsc::unbounded_channel(),
         0,
         1 << 20,
-    )
+    );
+    tokio::spawn(crate::engine::persist::persist_writer(
+        state,
+        persist_rx,
+        events_tx_writer,
+        task.fences.clone(),
+    ));
+    task
 }
 
 /// Feeds the task's completions (fetches, persists) until `done` or 200 of them.
