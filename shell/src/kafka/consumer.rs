@@ -29,7 +29,7 @@ use madsim_rdkafka::types::RDKafkaRespErr;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
-use unimesh_core::{GroupName, Offset, Partition, TopicName};
+use unimesh_core::{Checkpoint, GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
 use super::epochs::{divergence, evident_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
@@ -340,6 +340,7 @@ impl GroupContext {
             self.read_progress(partitions, gen, &committed)
         };
         let mut assignments = Vec::with_capacity(partitions.len());
+        let mut claims = Vec::new();
         let mut tpl = TopicPartitionList::new();
         let mut parts = lock(&self.parts);
         for &p in partitions {
@@ -357,6 +358,9 @@ impl GroupContext {
             };
             tracing::debug!(group = %self.group, partition = p, generation = ?gen, progress = ?found.chosen.checkpoint.as_ref().map(|c| c.progress.watermark()), leader_epoch = ?found.chosen.leader_epoch, committed = ?found.committed, range = ?found.range, "progress read at assignment");
             let lane = assign::lane_start(p, found);
+            if let Some((c, epoch)) = assign::claim(&lane) {
+                claims.push((self.lane_checkpoint(p, c.clone()), epoch));
+            }
             log.inner
                 .progress
                 .own(&self.group, p, gen, lane.stamp, lane.stale);
@@ -372,6 +376,7 @@ impl GroupContext {
             assignments.push(lane.assignment);
         }
         drop(parts);
+        self.claim(&claims, gen);
         let assigned = match consumer.rebalance_protocol() {
             RebalanceProtocol::Cooperative => consumer.incremental_assign(&tpl),
             _ => consumer.assign(&tpl),
@@ -385,6 +390,41 @@ impl GroupContext {
             group: self.group.clone(),
             partitions: assignments,
         });
+    }
+
+    /// `checkpoint` as a checkpoint of `partition` of this group's lane.
+    fn lane_checkpoint(&self, partition: Partition, checkpoint: Checkpoint) -> LaneCheckpoint {
+        LaneCheckpoint {
+            group: self.group.clone(),
+            topic: self.topic.clone(),
+            partition,
+            checkpoint,
+        }
+    }
+
+    /// Writes the lanes' claims under generation `gen` ([`assign::claim`]), tried
+    /// [`OFFSET_READS`] times; when it cannot, the lanes go on unclaimed (logged: a late
+    /// write of an earlier owner may then rank above what they resumed from).
+    fn claim(&self, claims: &[(LaneCheckpoint, Option<i32>)], gen: Option<i32>) {
+        if claims.is_empty() {
+            return;
+        }
+        let log = &self.log;
+        let mut last = String::new();
+        for attempt in 0..OFFSET_READS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(100 << attempt));
+            }
+            match log
+                .inner
+                .runtime
+                .block_on(super::progress::claim(log, claims, gen))
+            {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+        }
+        tracing::error!(group = %self.group, error = %last, "cannot claim the assigned partitions in the progress topic; a late write of their earlier owner may rank above what they resumed from");
     }
 
     /// Where to read `partition` from so that the stream holds every record at or after
@@ -1157,8 +1197,8 @@ fn expire_fetches(ctx: &GroupContext) {
 /// The group generation the consumer is in, as librdkafka's group metadata reports it
 /// (madsim-rdkafka exposes the metadata only as an opaque handle for transactions, so its
 /// one getter is called directly). `None` when there is no group or no generation yet.
-/// (This module is not built under madsim, whose broker has no groups: `assigned` writes
-/// unstamped progress there.)
+/// (This module is not built under madsim, whose broker has no groups: there the
+/// simulation's coordinator tells `simulated.rs` the generation with each assignment.)
 fn group_generation(native: &NativeClient) -> Option<i32> {
     use madsim_rdkafka::bindings as rd;
     // SAFETY: `native.ptr()` is the live handle of the consumer that `native` borrows.

@@ -64,9 +64,12 @@
 //! Locally, a batch holding a checkpoint of a lane this instance does not own (revoked, or
 //! lost to a session timeout) fails as a whole and writes nothing, as a fenced batch does
 //! in the simulation; the core has dropped the lane and ignores the failure.
-//! Open: the owner is looked up when the persist writer reaches the batch, not when the
-//! core issued it, so a batch issued before a lost assignment and written only after the
-//! same instance was given the lane again carries the new generation.
+//! The owner is looked up when the persist writer reaches the batch, not when the core
+//! issued it; a batch issued before a lost assignment never gets that far (the engine
+//! fences it: `engine/persist.rs`), so it cannot go out under a later ownership's
+//! generation. And a new owner claims each lane it resumes from a checkpoint ([`claim`]:
+//! that checkpoint under its own generation, before the engine takes the lane), so no
+//! record of an earlier owner that lands later ranks above what the new owner took.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -197,6 +200,54 @@ pub(super) fn progress_record(
         gen,
     );
     (key, cp.encode(), dropped)
+}
+
+/// Writes each lane's claim ([`super::rules::assign::claim`]: the checkpoint it resumes
+/// from, under its new owner's generation `gen`, stamped with the checkpoint's leader
+/// epoch) to the progress topic's home partition and waits until the broker acknowledged
+/// every one. From then on no record of an earlier owner of these lanes, however late it
+/// lands, ranks above what this owner took (docs/DESIGN.md §8, "a new owner claims its
+/// lanes").
+#[cfg_attr(madsim, allow(dead_code))]
+pub(super) async fn claim(
+    log: &KafkaLog,
+    claims: &[(LaneCheckpoint, Option<i32>)],
+    gen: OwnerGen,
+) -> Result<(), String> {
+    let inner = &log.inner;
+    let s = &inner.settings;
+    let mut pending = Vec::with_capacity(claims.len());
+    for (lane, leader_epoch) in claims {
+        let (key, value, _) = progress_record(lane, gen, s.max_progress_ranges);
+        let record = FutureRecord::to(&s.progress_topic)
+            .partition(HOME_PARTITION)
+            .key(&key)
+            .payload(&value);
+        #[cfg(not(madsim))]
+        let text = leader_epoch.map(|e| e.to_string());
+        #[cfg(not(madsim))]
+        let record = match &text {
+            Some(t) => record.headers(OwnedHeaders::new().insert(Header {
+                key: LEADER_EPOCH_HEADER,
+                value: Some(t.as_bytes()),
+            })),
+            None => record,
+        };
+        #[cfg(madsim)]
+        let _ = leader_epoch;
+        match inner.producer.send_result(record) {
+            Ok(f) => pending.push(f),
+            Err((e, _)) => return Err(format!("cannot write a claim to the progress topic: {e}")),
+        }
+    }
+    for f in pending {
+        match f.await {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(format!("the progress topic refused a claim: {e}")),
+            Err(_) => return Err("the producer dropped a claim".into()),
+        }
+    }
+    Ok(())
 }
 
 /// `cp` with at most `max` ranges and `max` attempt counts, and how many were dropped.

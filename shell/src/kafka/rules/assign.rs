@@ -33,6 +33,18 @@ pub struct LaneStart<F> {
     pub stale: Vec<String>,
 }
 
+/// What the new owner of a lane writes, under its own generation, before the engine takes
+/// the lane: the checkpoint it resumes from (nothing when it starts without one). The
+/// generation fence ranks records by the writer's generation, not by when they land: a
+/// record of an earlier owner that lands after this owner read the topic (a replaced
+/// owner's late write, or its last write still on its way) would otherwise rank above what
+/// this owner took until it wrote something itself — and a reader after it, should it lose
+/// the lane first, would take that record: a state the lane's owners never had, older or
+/// newer (the madsim group shape found both; docs/DESIGN.md §8).
+pub fn claim<F>(lane: &LaneStart<F>) -> Option<(&Checkpoint, Option<i32>)> {
+    lane.assignment.checkpoint.as_ref().map(|c| (c, lane.stamp))
+}
+
 /// The checkpoint a lane resumes from and its leader epoch: the progress record, unless
 /// the group's committed offset is past it — then the committed offset alone (a commit
 /// carries no leader epoch here, so such a lane is checked against the log's end only).
