@@ -22,11 +22,11 @@ use madsim_tokio as tokio;
 use tokio::sync::mpsc;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
-#[cfg(madsim)]
-use super::assigned::AssignedConsumer as GroupConsumer;
 #[cfg(not(madsim))]
 use super::consumer::GroupConsumer;
 use super::records::Outgoing;
+#[cfg(madsim)]
+use super::simulated::GroupConsumer;
 use super::{ClientRole, KafkaSettings};
 use crate::engine::{AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead};
 use crate::log::AppendItem;
@@ -214,6 +214,9 @@ pub(super) struct Inner {
     /// replaces a topic that exists, records and all, so two must never race.
     #[cfg(madsim)]
     creating: tokio::sync::Mutex<()>,
+    /// The simulation's group coordinator (the simulated broker has none; `simulated.rs`).
+    #[cfg(madsim)]
+    pub coordinator: std::sync::OnceLock<Arc<dyn super::simulated::SimCoordinator>>,
     /// Partition counts of the topics seen so far.
     topics: Mutex<BTreeMap<TopicName, u32>>,
     /// (earliest, end) per partition as last read from the broker (for lag and views).
@@ -319,6 +322,8 @@ impl KafkaLog {
                 meta,
                 #[cfg(madsim)]
                 creating: tokio::sync::Mutex::new(()),
+                #[cfg(madsim)]
+                coordinator: std::sync::OnceLock::new(),
                 topics: Mutex::new(BTreeMap::new()),
                 ends: Mutex::new(BTreeMap::new()),
                 shown: Mutex::new(BTreeMap::new()),
@@ -1080,9 +1085,12 @@ impl LogPort for KafkaLog {
             .collect();
         #[cfg(madsim)]
         return Box::pin(async move {
-            // Explicit assignment revokes nothing: the progress is in the progress topic.
+            // Leaving revokes: each consumer waits for the engine to flush, then commits.
             for c in &consumers {
                 c.stop();
+            }
+            for c in &consumers {
+                c.stopped().await;
             }
         });
         #[cfg(not(madsim))]

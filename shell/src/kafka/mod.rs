@@ -27,13 +27,11 @@
 //! rebalance callbacks there and carries out the answers.
 //!
 //! Under the madsim simulator (`--cfg madsim`) madsim-rdkafka's simulated broker has no
-//! consumer groups and no committed offsets, so the group-coordinator parts (`consumer`,
-//! the shared `subscriptions` watcher) are not built there. In their place `assigned`: one
-//! instance owns every partition of a group by explicit assignment, resumes each from its
-//! progress record, and keeps the watermark in the progress topic only (see `assigned`).
+//! consumer groups and no committed offsets, so `consumer` (librdkafka's callbacks) and
+//! the shared `subscriptions` watcher are not built there. In `consumer`'s place
+//! `simulated`: the same `rules/` driven by the simulation's group coordinator (the
+//! harness's, [`SimCoordinator`]), with commits and committed offsets kept there.
 
-#[cfg(madsim)]
-mod assigned;
 #[cfg(not(madsim))]
 mod consumer;
 mod dlq;
@@ -43,6 +41,8 @@ mod progress;
 mod properties;
 mod records;
 pub mod rules;
+#[cfg(madsim)]
+mod simulated;
 #[cfg(not(madsim))]
 mod subscriptions;
 
@@ -53,6 +53,8 @@ pub use progress::KafkaState;
 pub use properties::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
 pub use records::decode_message;
 pub use rules::Rebalance;
+#[cfg(madsim)]
+pub use simulated::{MemberId, SimCoordinator};
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;
 

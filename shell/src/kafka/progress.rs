@@ -208,7 +208,6 @@ pub(super) fn progress_record(
 /// every one. From then on no record of an earlier owner of these lanes, however late it
 /// lands, ranks above what this owner took (docs/DESIGN.md §8, "a new owner claims its
 /// lanes").
-#[cfg_attr(madsim, allow(dead_code))]
 pub(super) async fn claim(
     log: &KafkaLog,
     claims: &[(LaneCheckpoint, Option<i32>)],

@@ -22,7 +22,7 @@ use unimesh_shell::event::{parse_publish, PublishLimits, BATCH_MEDIA_TYPE};
 use unimesh_sim::rng::Rng;
 use unimesh_sim::{Clause, SettleKind};
 
-use crate::node::{call, CallError};
+use crate::node::{call_on, CallError};
 use crate::options::ClientOptions;
 use crate::world::{violation, World};
 
@@ -95,7 +95,12 @@ pub async fn publish(
         loop {
             let (w, t, e, i) = (world.clone(), topic.clone(), events.clone(), ids.clone());
             let delay = rng.range(0, world.opts.faults.net_delay_ms);
-            let answer = call(&world, delay, move |h| async move {
+            // Any node takes a publish (a load balancer's choice); none to draw with one.
+            let node = match world.nodes() {
+                0 | 1 => 0,
+                n => rng.index(n),
+            };
+            let answer = call_on(&world, node, delay, move |h| async move {
                 let r = h.publish(&t, e).await;
                 w.publish_answered(&t, &i, &r);
                 r
@@ -146,9 +151,11 @@ enum Plan {
     Ignore,
 }
 
-/// One client of one group.
+/// One client of one group, connected to one mesh node (it polls and settles there: a
+/// delivery is settled where its lane is owned).
 pub struct Poller {
     pub world: Arc<World>,
+    pub node: usize,
     pub group: GroupName,
     pub client: ClientId,
     pub opts: ClientOptions,
@@ -161,6 +168,7 @@ pub struct Poller {
 impl Poller {
     pub fn new(
         world: Arc<World>,
+        node: usize,
         group: GroupName,
         client: ClientId,
         opts: ClientOptions,
@@ -169,6 +177,7 @@ impl Poller {
     ) -> Self {
         Self {
             world,
+            node,
             group,
             client,
             opts,
@@ -228,10 +237,11 @@ impl Poller {
         let vanish = !calm && self.rng.chance(self.opts.vanish);
         let (w, g, c) = (self.world.clone(), self.group.clone(), self.client.clone());
         let delay = self.delay();
-        let request = call(&self.world, delay, move |h| async move {
+        let node = self.node;
+        let request = call_on(&self.world, node, delay, move |h| async move {
             let r = h.poll(&g, &c, max, wait_ms).await;
             if let Ok(got) = &r {
-                w.poll_received(&g, &c, max, got);
+                w.poll_received(node, &g, &c, max, got);
             }
             r
         });
@@ -378,7 +388,7 @@ impl Poller {
 
     /// Settles `ids` after `after_ms`, in a task of its own (settles overtake each other).
     fn settle_later(&mut self, after_ms: Millis, kind: SettleKind, ids: Vec<DeliveryId>) {
-        let (world, group) = (self.world.clone(), self.group.clone());
+        let (world, group, node) = (self.world.clone(), self.group.clone(), self.node);
         let delay = self.delay();
         tokio::spawn(async move {
             if after_ms > 0 {
@@ -390,9 +400,9 @@ impl Poller {
                 SettleKind::Extend(extend_ms) => Settling::Extend { extend_ms },
             };
             let w = world.clone();
-            let _ = call(&world, delay, move |h| async move {
+            let _ = call_on(&world, node, delay, move |h| async move {
                 let r = h.settle(&group, how, ids.clone()).await;
-                w.settle_answered(&group, kind, &ids, &r);
+                w.settle_answered(node, &group, kind, &ids, &r);
                 r
             })
             .await;

@@ -61,4 +61,9 @@ counters!(
     extends,
     stale_acks,
     bogus_acks,
+    pauses,
+    heartbeat_losses,
+    members_expired,
+    commits_fenced,
+    stale_assignments,
 );

@@ -40,6 +40,6 @@ pub mod world;
 pub use counts::Counts;
 pub use options::Options;
 pub use run::{
-    check_determinism, check_determinism_kafka, kafka_backend, memory_backend, run_seed,
-    run_seed_on, Failure, MakeBackend, Report,
+    check_determinism, check_determinism_groups, check_determinism_kafka, kafka_backend,
+    memory_backend, run_seed, run_seed_on, run_shape, Failure, MakeBackend, Report, Shape, GROUPS,
 };

@@ -56,11 +56,12 @@ pub fn engine_config(opts: &Options) -> EngineConfig {
     }
 }
 
-/// The node's life: start the engine on fresh ports, then serve requests until killed.
-pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>) {
+/// Mesh node `node`'s life: start the engine on fresh ports, then serve requests until
+/// killed.
+pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>, node: usize) {
     let inc = u64::from(world.incarnations()) + 1;
-    let mut rng = Rng::new(world.opts.seed ^ (inc << 40) ^ 0x6e6f_6465);
-    let (log, state) = match backend.ports(&world, rng.fork()).await {
+    let mut rng = Rng::new(world.opts.seed ^ (inc << 40) ^ ((node as u64) << 56) ^ 0x6e6f_6465);
+    let (log, state) = match backend.ports(&world, node, rng.fork()).await {
         Ok(ports) => ports,
         Err(e) => {
             world.fail(violation(
@@ -70,12 +71,12 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>) {
             return;
         }
     };
-    let log = Arc::new(FaultyLog::new(log, world.clone(), rng.fork()));
+    let log: Arc<dyn engine::LogPort> = Arc::new(FaultyLog::new(log, world.clone(), rng.fork()));
     let state = Arc::new(FaultyState::new(state, world.clone(), rng.fork()));
-    let tap: Arc<dyn EngineTap> = Arc::new(Observer(world.clone()));
+    let tap: Arc<dyn EngineTap> = Arc::new(Observer(world.clone(), node));
     let mut config = engine_config(&world.opts);
     backend.configure(&mut config);
-    let (handle, _join) = match engine::start_observed(config, log, state, Some(tap)) {
+    let (handle, _join) = match engine::start_observed(config, log.clone(), state, Some(tap)) {
         Ok(started) => started,
         Err(e) => {
             world.fail(violation(
@@ -86,21 +87,36 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>) {
         }
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
-    world.set_front(tx);
+    world.set_front(node, tx, log);
     while let Some(job) = rx.recv().await {
         tokio::spawn(job(handle.clone()));
     }
 }
 
-/// Sends a request to the live engine and waits for its answer. `delay` is the request's
-/// time on the wire.
+/// Sends a request to the live engine of node 0 and waits for its answer. `delay` is the
+/// request's time on the wire.
 pub async fn call<T, F, Fut>(world: &World, delay: Millis, f: F) -> Result<T, CallError>
 where
     T: Send + 'static,
     F: FnOnce(EngineHandle) -> Fut + Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
 {
-    let front = world.front().ok_or(CallError::Down)?;
+    call_on(world, 0, delay, f).await
+}
+
+/// [`call`] to the live engine of mesh node `node`.
+pub async fn call_on<T, F, Fut>(
+    world: &World,
+    node: usize,
+    delay: Millis,
+    f: F,
+) -> Result<T, CallError>
+where
+    T: Send + 'static,
+    F: FnOnce(EngineHandle) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let front = world.front(node).ok_or(CallError::Down)?;
     let (mut tx, rx) = oneshot::channel::<T>();
     let job: Job = Box::new(move |engine| {
         Box::pin(async move {
@@ -122,23 +138,23 @@ where
     rx.await.map_err(|_| CallError::Reset)
 }
 
-/// The engine's tap, forwarding to the world.
-struct Observer(Arc<World>);
+/// The engine's tap of one mesh node, forwarding to the world.
+struct Observer(Arc<World>, usize);
 
 impl EngineTap for Observer {
     fn started(&self, now_ms: Millis, epoch: Epoch) {
-        self.0.started(now_ms, epoch);
+        self.0.started(self.1, now_ms, epoch);
     }
 
     fn input(&self, now_ms: Millis, input: &Input, response: &Response) {
-        self.0.input(now_ms, input, response);
+        self.0.input(self.1, now_ms, input, response);
     }
 
     fn effect(&self, now_ms: Millis, effect: &Effect) {
-        self.0.effect(now_ms, effect);
+        self.0.effect(self.1, now_ms, effect);
     }
 
     fn persist(&self, now_ms: Millis, ticket: Ticket, batch: &Arc<PersistBatch>) {
-        self.0.persist(now_ms, ticket, batch);
+        self.0.persist(self.1, now_ms, ticket, batch);
     }
 }

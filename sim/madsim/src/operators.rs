@@ -1,7 +1,8 @@
-//! The environment's faults and the operators, while faults last: kills and restarts of the
-//! mesh node, clock jumps, seeks, DLQ replays, client evictions, and records written to the
-//! broker by something else than the mesh. Each arrives as a Poisson process of the mean
-//! the seed drew (none for a mean of 0).
+//! The environment's faults and the operators, while faults last: kills and restarts of
+//! mesh nodes, pauses of them and lost heartbeats (the group shape), clock jumps, seeks,
+//! DLQ replays, client evictions, and records written to the broker by something else than
+//! the mesh. Each arrives as a Poisson process of the mean the seed drew (none for a mean
+//! of 0).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use madsim_tokio as tokio;
 use unimesh_core::{ClientId, GroupName, Millis, TopicName};
 use unimesh_sim::rng::Rng;
 
-use crate::node::call;
+use crate::node::call_on;
 use crate::storage::Backend;
 use crate::world::World;
 
@@ -23,9 +24,17 @@ pub fn exp(rng: &mut Rng, mean_ms: Millis) -> Duration {
     Duration::from_millis(((-u.ln()) * mean_ms as f64) as Millis + 1)
 }
 
-/// Kills the mesh node now and then, and restarts it after a downtime; returns once
-/// faults stopped, with the node up.
-pub async fn kills(world: Arc<World>, backend: Arc<dyn Backend>, node: NodeId, mut rng: Rng) {
+/// A mesh node drawn from `rng` (no draw when there is one).
+fn pick(world: &World, rng: &mut Rng) -> usize {
+    match world.nodes() {
+        0 | 1 => 0,
+        n => rng.index(n),
+    }
+}
+
+/// Kills a mesh node now and then, and restarts it after a downtime; returns once faults
+/// stopped, with every node up.
+pub async fn kills(world: Arc<World>, backend: Arc<dyn Backend>, nodes: Vec<NodeId>, mut rng: Rng) {
     let f = world.opts.faults.clone();
     if f.kill_every_ms == 0 {
         return;
@@ -35,24 +44,76 @@ pub async fn kills(world: Arc<World>, backend: Arc<dyn Backend>, node: NodeId, m
         if !world.faults_on() || world.failure().is_some() {
             return;
         }
+        let n = pick(&world, &mut rng);
         if rng.chance(f.graceful_stop) {
-            // SIGTERM first: the engine flushes, answers its polls and stops taking
-            // requests; then the process exits.
-            let stop = call(&world, 0, |h| async move { h.shutdown().await });
+            // SIGTERM first, as `serve` does it: a broker with consumer groups is left
+            // (each revocation flushes and commits), then the engine flushes, answers its
+            // polls and stops taking requests; then the process exits.
+            let log = world.log_port(n);
+            let stop = call_on(&world, n, 0, |h| async move {
+                if let Some(log) = log {
+                    log.close().await;
+                }
+                h.shutdown().await
+            });
             if let Ok(Ok(Ok(()))) = tokio::time::timeout(Duration::from_secs(2), stop).await {
                 world.count(|c| &mut c.graceful_stops);
             }
         }
-        Handle::current().kill(node);
-        backend.killed(&world).await;
-        world.crashed();
+        Handle::current().kill(nodes[n]);
+        backend.killed(&world, n).await;
+        world.crashed(n);
         let down = rng.range(0, f.down_ms);
         if down > 0 {
             tokio::time::sleep(Duration::from_millis(down)).await;
         }
         world.count(|c| &mut c.restarts);
-        world.note("restart", [down, 0, 0, 0]);
-        Handle::current().restart(node);
+        world.note_at(n, "restart", [down, 0, 0, 0]);
+        Handle::current().restart(nodes[n]);
+    }
+}
+
+/// Pauses a mesh node now and then (a stopped VM, a long collection pause): nothing of it
+/// runs, and past the coordinator's session timeout it comes back a zombie. Returns once
+/// faults stopped, with every node running.
+pub async fn pauses(world: Arc<World>, nodes: Vec<NodeId>, mut rng: Rng) {
+    let c = world.opts.cluster.clone();
+    if c.pause_every_ms == 0 {
+        return;
+    }
+    loop {
+        tokio::time::sleep(exp(&mut rng, c.pause_every_ms)).await;
+        if !world.faults_on() || world.failure().is_some() {
+            return;
+        }
+        let n = pick(&world, &mut rng);
+        let ms = rng.range(1, c.pause_ms);
+        world.count(|c| &mut c.pauses);
+        world.note_at(n, "pause", [ms, 0, 0, 0]);
+        world.paused(n);
+        Handle::current().pause(nodes[n]);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        world.note_at(n, "resume", [ms, 0, 0, 0]);
+        world.resumed(n);
+        Handle::current().resume(nodes[n]);
+    }
+}
+
+/// Loses the heartbeats of a mesh node now and then while it runs on: a zombie once the
+/// coordinator expired it, until a heartbeat gets through.
+pub async fn heartbeat_losses(world: Arc<World>, backend: Arc<dyn Backend>, mut rng: Rng) {
+    let c = world.opts.cluster.clone();
+    if c.heartbeat_loss_every_ms == 0 {
+        return;
+    }
+    loop {
+        tokio::time::sleep(exp(&mut rng, c.heartbeat_loss_every_ms)).await;
+        if !world.faults_on() || world.failure().is_some() {
+            return;
+        }
+        let n = pick(&world, &mut rng);
+        let ms = rng.range(1, c.heartbeat_loss_ms);
+        backend.lose_heartbeats(&world, n, ms);
     }
 }
 
@@ -102,16 +163,17 @@ pub async fn operator(
             return;
         }
         let delay = rng.range(0, f.net_delay_ms);
+        let node = pick(&world, &mut rng);
         if seek.is_some_and(|d| d.is_zero()) {
             seek = next(&mut rng, f.seek_every_ms);
             let group = groups[rng.index(groups.len())].clone();
-            do_seek(&world, &topic, group, delay, &mut rng).await;
+            do_seek(&world, node, &topic, group, delay, &mut rng).await;
         }
         if replay.is_some_and(|d| d.is_zero()) {
             replay = next(&mut rng, f.replay_every_ms);
             let group = groups[rng.index(groups.len())].clone();
             let max = rng.range(1, 6) as usize;
-            let answer = call(&world, delay, move |h| async move {
+            let answer = call_on(&world, node, delay, move |h| async move {
                 h.dlq_replay(&group, max).await
             })
             .await;
@@ -122,11 +184,9 @@ pub async fn operator(
         if evict.is_some_and(|d| d.is_zero()) {
             evict = next(&mut rng, f.evict_every_ms);
             let client = clients[rng.index(clients.len())].clone();
-            let answer = call(
-                &world,
-                delay,
-                move |h| async move { h.evict(&client).await },
-            )
+            let answer = call_on(&world, node, delay, move |h| async move {
+                h.evict(&client).await
+            })
             .await;
             if matches!(answer, Ok(Ok(n)) if n > 0) {
                 world.count(|c| &mut c.evictions);
@@ -138,11 +198,9 @@ pub async fn operator(
             if let Some(mut spec) = world.live_spec(group) {
                 spec.ack_timeout_ms = rng.range(50, 800);
                 spec.max_in_flight_per_client = rng.range(1, 8) as u32;
-                let answer = call(
-                    &world,
-                    delay,
-                    move |h| async move { h.subscribe(spec).await },
-                )
+                let answer = call_on(&world, node, delay, move |h| async move {
+                    h.subscribe(spec).await
+                })
                 .await;
                 if matches!(answer, Ok(Ok(false))) {
                     world.count(|c| &mut c.updates);
@@ -156,13 +214,21 @@ pub async fn operator(
 /// (now and then just past its end, which the engine must refuse).
 async fn do_seek(
     world: &Arc<World>,
+    node: usize,
     topic: &TopicName,
     group: GroupName,
     delay: Millis,
     rng: &mut Rng,
 ) {
     let t = topic.clone();
-    let Ok(Ok(rows)) = call(world, delay, move |h| async move { h.offsets(&t).await }).await else {
+    let Ok(Ok(rows)) = call_on(
+        world,
+        node,
+        delay,
+        move |h| async move { h.offsets(&t).await },
+    )
+    .await
+    else {
         return;
     };
     let rows: Vec<_> = rows.into_iter().filter(|r| r.group == group).collect();
@@ -171,7 +237,7 @@ async fn do_seek(
     }
     let row = &rows[rng.index(rows.len())];
     let (partition, offset) = (row.partition, rng.range(0, row.end + 1));
-    let answer = call(world, delay, move |h| async move {
+    let answer = call_on(world, node, delay, move |h| async move {
         h.seek(&group, partition, offset).await
     })
     .await;

@@ -90,6 +90,25 @@ pub struct FaultRates {
     pub net_delay_ms: Millis,
 }
 
+/// The group shape's own draws: several mesh nodes under the Kafka group coordinator.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// The coordinator's session timeout and the members' heartbeat interval (0: the
+    /// coordinator's defaults), and how long a revocation may take before its member is
+    /// expelled.
+    pub session_ms: Millis,
+    pub heartbeat_ms: Millis,
+    pub rebalance_timeout_ms: Millis,
+    /// Mean time between pauses of a mesh node (0: none: a stopped VM, a long GC), and the
+    /// longest pause (beyond the session timeout the node comes back a zombie).
+    pub pause_every_ms: Millis,
+    pub pause_ms: Millis,
+    /// Mean time between windows in which a node's heartbeats are lost while it runs on
+    /// (0: none), and the longest window.
+    pub heartbeat_loss_every_ms: Millis,
+    pub heartbeat_loss_ms: Millis,
+}
+
 /// The engine's own knobs (what `EngineConfig` and `MeshConfig` take).
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -108,6 +127,9 @@ pub struct EngineOptions {
 #[derive(Clone, Debug)]
 pub struct Options {
     pub seed: u64,
+    /// Mesh nodes (instances) sharing the broker: 1 but in the group shape.
+    pub nodes: u32,
+    pub cluster: ClusterOptions,
     pub partitions: u32,
     /// Events published before the groups exist (what `latest` groups never see).
     pub events_before: u32,
@@ -237,6 +259,8 @@ impl Options {
         };
         Options {
             seed,
+            nodes: 1,
+            cluster: ClusterOptions::default(),
             partitions,
             events_before: rng.range(0, 8) as u32,
             events: rng.range(5, 80) as u32,
@@ -253,6 +277,41 @@ impl Options {
     }
 }
 
+impl Options {
+    /// The group shape's options: [`Options::swarm`], then two or three mesh nodes, more
+    /// partitions, the coordinator's timing and the faults of membership, from a draw of
+    /// their own (so the other shapes' draws are untouched). Every node gets clients of
+    /// every group (a lane is served where it is owned), and operators do not change a
+    /// group's settings (each node would be told alone; in Kafka they travel through the
+    /// subscriptions topic, whose watcher the simulation does not run).
+    pub fn swarm_cluster(seed: u64) -> Self {
+        let mut o = Self::swarm(seed);
+        let mut rng = Rng::new(seed ^ 0x434c_5553_5445_5200);
+        o.nodes = rng.range(2, 3) as u32;
+        o.partitions = rng.range(2, 6) as u32;
+        let session_ms = rng.range(300, 1_500);
+        o.cluster = ClusterOptions {
+            session_ms,
+            heartbeat_ms: rng.range(20, session_ms / 3),
+            rebalance_timeout_ms: rng.range(session_ms, 4 * session_ms),
+            pause_every_ms: maybe_every(&mut rng, 300, 2_000),
+            pause_ms: rng.range(50, 3 * session_ms),
+            heartbeat_loss_every_ms: maybe_every(&mut rng, 300, 2_000),
+            heartbeat_loss_ms: rng.range(session_ms / 2, 4 * session_ms),
+        };
+        o.faults.update_every_ms = 0;
+        let nodes = o.nodes as usize;
+        for g in &mut o.groups {
+            let drawn = g.clients.len();
+            for i in drawn..nodes {
+                let c = g.clients[i % drawn].clone();
+                g.clients.push(c);
+            }
+        }
+        o
+    }
+}
+
 impl fmt::Display for Options {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "SEED={}", self.seed)?;
@@ -262,6 +321,9 @@ impl fmt::Display for Options {
             self.partitions, self.events_before, self.events, self.publishers, self.batch_max,
             self.poison, self.keys, self.key_share, self.fault_phase_ms
         )?;
+        if self.nodes > 1 {
+            writeln!(f, "  nodes={} cluster: {:?}", self.nodes, self.cluster)?;
+        }
         writeln!(f, "  engine: {:?}", self.engine)?;
         writeln!(f, "  faults: {:?}", self.faults)?;
         for g in &self.groups {

@@ -1,8 +1,8 @@
-//! One run of one seed: a madsim runtime seeded with it, a mesh node running the real
-//! engine on simulated storage, a node of model clients, faults for a while, then liveness:
-//! faults stop, the node is up, clients behave, and the run must converge — every record
-//! ACKed, dead-lettered or reported skipped by every matching group, durably — within a
-//! budget; the checker's quiescence check closes it.
+//! One run of one seed: a madsim runtime seeded with it, a mesh node (several in the group
+//! shape) running the real engine on simulated storage, a node of model clients, faults
+//! for a while, then liveness: faults stop, every node is up, clients behave, and the run
+//! must converge — every record ACKed, dead-lettered or reported skipped by every matching
+//! group, durably — within a budget; the checker's quiescence check closes it.
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,8 +20,8 @@ use unimesh_sim::{Clause, Violation};
 
 use crate::clients::{publish, Poller};
 use crate::counts::Counts;
-use crate::node::{call, node_main};
-use crate::operators::{clock_jumps, foreign_writer, kills, operator};
+use crate::node::{call_on, node_main};
+use crate::operators::{clock_jumps, foreign_writer, heartbeat_losses, kills, operator, pauses};
 use crate::options::Options;
 use crate::storage::{Backend, KafkaBackend, MemoryBackend};
 use crate::world::{violation, World};
@@ -76,6 +76,20 @@ type Slot = Arc<Mutex<Option<Arc<World>>>>;
 /// Makes the storage of a run, inside its runtime (so it may build nodes of its own).
 pub type MakeBackend = fn(&Options) -> Arc<dyn Backend>;
 
+/// A shape of the simulation: how its options are drawn from a seed, and its storage.
+#[derive(Clone, Copy)]
+pub struct Shape {
+    pub options: fn(u64) -> Options,
+    pub backend: MakeBackend,
+}
+
+/// The Kafka group shape: two or three mesh nodes on one simulated broker, under the
+/// harness's group coordinator (`Options::swarm_cluster`), with pauses and lost heartbeats.
+pub const GROUPS: Shape = Shape {
+    options: Options::swarm_cluster,
+    backend: kafka_backend,
+};
+
 /// The embedded shape: simulated log and the shell's memory state store.
 pub fn memory_backend(opts: &Options) -> Arc<dyn Backend> {
     Arc::new(MemoryBackend::new(opts.partitions))
@@ -86,7 +100,8 @@ pub fn kafka_backend(opts: &Options) -> Arc<dyn Backend> {
     Arc::new(KafkaBackend::new(opts))
 }
 
-/// The mesh node's address (a broker's clients need one to connect from).
+/// The first mesh node's address (a broker's clients need one to connect from); node `i`
+/// has the next `i`th.
 pub const MESH_IP: [u8; 4] = [10, 0, 0, 2];
 
 /// Runs one seed to its end on [`memory_backend`].
@@ -96,12 +111,34 @@ pub fn run_seed(seed: u64) -> Result<Report, Box<Failure>> {
 
 /// Runs one seed to its end on the storage `make` builds.
 pub fn run_seed_on(seed: u64, make: MakeBackend) -> Result<Report, Box<Failure>> {
+    run_shape(
+        seed,
+        Shape {
+            options: Options::swarm,
+            backend: make,
+        },
+    )
+}
+
+/// Runs one seed of `shape` to its end, on a thread of its own: std's `HashMap` keys are
+/// per thread, and madsim seeds them only in a thread's first runtime, so a seed run after
+/// others on one thread would iterate maps (madsim-rdkafka's broker keeps its topics in
+/// one) in another order than the same seed run alone — a sweep's failure would not
+/// replay.
+pub fn run_shape(seed: u64, shape: Shape) -> Result<Report, Box<Failure>> {
+    std::thread::spawn(move || run_here(seed, shape))
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// [`run_shape`] on the calling thread.
+fn run_here(seed: u64, shape: Shape) -> Result<Report, Box<Failure>> {
     let slot: Slot = Arc::new(Mutex::new(None));
     let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
     // A run that goes on this long (simulated) is stuck, not slow.
     rt.set_time_limit(Duration::from_secs(3_600));
     let s = slot.clone();
-    match catch_unwind(AssertUnwindSafe(|| rt.block_on(simulate(Some(s), make)))) {
+    match catch_unwind(AssertUnwindSafe(|| rt.block_on(simulate(Some(s), shape)))) {
         Ok(outcome) => outcome,
         Err(panic) => {
             let message = panic
@@ -116,7 +153,7 @@ pub fn run_seed_on(seed: u64, make: MakeBackend) -> Result<Report, Box<Failure>>
                 None => Box::new(Failure {
                     seed,
                     violation: v,
-                    options: Options::swarm(seed).to_string(),
+                    options: (shape.options)(seed).to_string(),
                     last_steps: Vec::new(),
                     trace_hash: 0,
                     counts: Counts::default(),
@@ -130,22 +167,37 @@ pub fn run_seed_on(seed: u64, make: MakeBackend) -> Result<Report, Box<Failure>>
 /// run must equal the first's), then compares the two trace hashes.
 pub fn check_determinism(seed: u64) -> Result<Report, Box<Failure>> {
     let first = Runtime::check_determinism(seed, madsim::Config::default(), || {
-        simulate(None, memory_backend)
+        simulate(None, shape_of(memory_backend))
     })?;
-    same_trace_again(seed, first, memory_backend)
+    same_trace_again(seed, first, shape_of(memory_backend))
 }
 
 /// [`check_determinism`] on [`kafka_backend`] (madsim wants a plain function to run twice).
 pub fn check_determinism_kafka(seed: u64) -> Result<Report, Box<Failure>> {
     let first = Runtime::check_determinism(seed, madsim::Config::default(), || {
-        simulate(None, kafka_backend)
+        simulate(None, shape_of(kafka_backend))
     })?;
-    same_trace_again(seed, first, kafka_backend)
+    same_trace_again(seed, first, shape_of(kafka_backend))
 }
 
-/// Runs `seed` once more on `make` and compares its trace hash with `first`'s.
-fn same_trace_again(seed: u64, first: Report, make: MakeBackend) -> Result<Report, Box<Failure>> {
-    let second = run_seed_on(seed, make)?;
+/// [`check_determinism`] on the group shape ([`GROUPS`]).
+pub fn check_determinism_groups(seed: u64) -> Result<Report, Box<Failure>> {
+    let first =
+        Runtime::check_determinism(seed, madsim::Config::default(), || simulate(None, GROUPS))?;
+    same_trace_again(seed, first, GROUPS)
+}
+
+/// The one-node shape on `make`'s storage.
+fn shape_of(make: MakeBackend) -> Shape {
+    Shape {
+        options: Options::swarm,
+        backend: make,
+    }
+}
+
+/// Runs `seed` once more on `shape` and compares its trace hash with `first`'s.
+fn same_trace_again(seed: u64, first: Report, shape: Shape) -> Result<Report, Box<Failure>> {
+    let second = run_shape(seed, shape)?;
     if first.trace_hash != second.trace_hash {
         return Err(Box::new(Failure {
             seed,
@@ -156,7 +208,7 @@ fn same_trace_again(seed: u64, first: Report, make: MakeBackend) -> Result<Repor
                     first.trace_hash, second.trace_hash
                 ),
             ),
-            options: Options::swarm(seed).to_string(),
+            options: (shape.options)(seed).to_string(),
             last_steps: Vec::new(),
             trace_hash: second.trace_hash,
             counts: second.counts,
@@ -199,31 +251,57 @@ fn spec(opts: &Options, i: usize) -> Option<SubscriptionSpec> {
     Some(s)
 }
 
-async fn simulate(slot: Option<Slot>, make: MakeBackend) -> Result<Report, Box<Failure>> {
+async fn simulate(slot: Option<Slot>, shape: Shape) -> Result<Report, Box<Failure>> {
     let handle = Handle::current();
     let seed = handle.seed();
-    let opts = Options::swarm(seed);
+    let opts = (shape.options)(seed);
     let world = World::new(opts.clone());
     if let Some(slot) = slot {
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(world.clone());
     }
     let mut rng = Rng::new(seed ^ 0x7275_6e00);
-    let backend = make(&opts);
-    let mesh = {
-        let (w, b) = (world.clone(), backend.clone());
-        handle
-            .create_node()
-            .name("mesh")
-            .ip(MESH_IP.into())
-            .init(move || node_main(w.clone(), b.clone()))
-            .build()
-    };
+    let backend = (shape.backend)(&opts);
+    let nodes = world.nodes();
+    let mesh: Vec<_> = (0..nodes)
+        .map(|n| {
+            let (w, b) = (world.clone(), backend.clone());
+            let [a, b1, c, d] = MESH_IP;
+            handle
+                .create_node()
+                .name(if n == 0 {
+                    "mesh".to_owned()
+                } else {
+                    format!("mesh-{n}")
+                })
+                .ip([a, b1, c, d + n as u8].into())
+                .init(move || node_main(w.clone(), b.clone(), n))
+                .build()
+        })
+        .collect();
+    let mesh_ids: Vec<_> = mesh.iter().map(|m| m.id()).collect();
     let clients = handle.create_node().name("clients").build();
     let topic = topic();
 
     let kill_task = handle.create_node().name("chaos").build();
-    let kills = kill_task.spawn(kills(world.clone(), backend.clone(), mesh.id(), rng.fork()));
+    let kills = kill_task.spawn(kills(
+        world.clone(),
+        backend.clone(),
+        mesh_ids.clone(),
+        rng.fork(),
+    ));
     let jumps = kill_task.spawn(clock_jumps(world.clone(), rng.fork()));
+    // The group shape's own faults, from RNGs of their own (the other shapes draw none).
+    let cluster_faults = (nodes > 1).then(|| {
+        let mut crng = Rng::new(seed ^ 0x6e6f_6465_7300);
+        (
+            kill_task.spawn(pauses(world.clone(), mesh_ids.clone(), crng.fork())),
+            kill_task.spawn(heartbeat_losses(
+                world.clone(),
+                backend.clone(),
+                crng.fork(),
+            )),
+        )
+    });
 
     // The world before the clients: events no `latest` group sees, then the groups.
     let before = opts.events_before;
@@ -248,21 +326,26 @@ async fn simulate(slot: Option<Slot>, make: MakeBackend) -> Result<Report, Box<F
                 violation(Clause::Core, "a bad group name".into()),
             ));
         };
-        let w = world.clone();
-        clients
-            .spawn(async move {
-                while w.failure().is_none() {
-                    let s = w.spec_for(s.clone());
-                    if let Ok(Ok(_)) =
-                        call(&w, 0, move |h| async move { h.subscribe(s).await }).await
-                    {
-                        return;
+        // Every node is told of the group, node 0 first: the others get the spec it took
+        // (a `latest` group's ends as node 0 resolved them), as Kafka's subscriptions topic
+        // would hand it to them.
+        for n in 0..nodes {
+            let (w, s) = (world.clone(), s.clone());
+            clients
+                .spawn(async move {
+                    while w.failure().is_none() {
+                        let s = w.spec_for(s.clone());
+                        if let Ok(Ok(_)) =
+                            call_on(&w, n, 0, move |h| async move { h.subscribe(s).await }).await
+                        {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-            .await
-            .ok();
+                })
+                .await
+                .ok();
+        }
         let g = &opts.groups[i];
         let name = GroupName::new(&g.name).unwrap_or_else(|_| unreachable!("checked above"));
         for (c, copt) in g.clients.iter().enumerate() {
@@ -271,6 +354,7 @@ async fn simulate(slot: Option<Slot>, make: MakeBackend) -> Result<Report, Box<F
             client_ids.push(id.clone());
             let poller = Poller::new(
                 world.clone(),
+                c % nodes,
                 name.clone(),
                 id,
                 copt.clone(),
@@ -318,6 +402,10 @@ async fn simulate(slot: Option<Slot>, make: MakeBackend) -> Result<Report, Box<F
     world.stop_faults();
     let _ = kills.await;
     let _ = jumps.await;
+    if let Some((p, h)) = cluster_faults {
+        let _ = p.await;
+        let _ = h.await;
+    }
     for p in publishers {
         let _ = p.await;
     }
@@ -367,14 +455,21 @@ async fn sleep_unless_failed(world: &World, ms: Millis) {
     }
 }
 
-/// Whether the engine says nothing is in flight and no dead letter is being replayed.
+/// Whether every node's engine says nothing is in flight and no dead letter is being
+/// replayed.
 async fn idle(world: &World) -> bool {
-    match call(world, 0, |h| async move { h.subscriptions().await }).await {
-        Ok(Ok(subs)) => subs
-            .iter()
-            .all(|s| s.replaying == 0 && s.lanes.iter().all(|l| l.in_flight == 0)),
-        _ => false,
+    for n in 0..world.nodes() {
+        let idle = match call_on(world, n, 0, |h| async move { h.subscriptions().await }).await {
+            Ok(Ok(subs)) => subs
+                .iter()
+                .all(|s| s.replaying == 0 && s.lanes.iter().all(|l| l.in_flight == 0)),
+            _ => false,
+        };
+        if !idle {
+            return false;
+        }
     }
+    true
 }
 
 fn lag_report(world: &World, groups: &[GroupName], partitions: u32) -> String {

@@ -9,10 +9,15 @@
 //! anything the checker saw), so the checker's clock never goes back and, within an
 //! incarnation, differs from the mesh's by a constant: deadlines compare exactly.
 //!
+//! Several mesh nodes (the Kafka group shape): each is an instance of the checker's
+//! cluster, with its own front door, clock, incarnations, persists in flight and tracker;
+//! what the broker holds, the groups and the checker are shared. Node 0 is the one mesh of
+//! the other shapes, whose traces are as they were.
+//!
 //! Everything here runs on the one simulator thread; the lock is never held across an
 //! `await` and no call made under it calls back into the world.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -26,7 +31,7 @@ use unimesh_core::{
     Partition, PersistBatch, Record, RecordMeta, Response, Settle, SubscriptionSpec, Ticket,
     TopicName,
 };
-use unimesh_shell::engine::{EngineError, PublishResult};
+use unimesh_shell::engine::{EngineError, LogPort, PublishResult};
 use unimesh_sim::trace::{Entry, Trace};
 use unimesh_sim::{Checker, Clause, SettleKind, Violation};
 
@@ -35,6 +40,23 @@ use crate::node::Job;
 use crate::options::Options;
 use crate::tracker::Tracker;
 
+/// Whether an assignment a mesh node's mesh accepted (node, group, partition) is one the
+/// broker's group coordinator has overtaken since it sent it (see [`World::set_ownership`]).
+pub type Overtaken = Box<dyn Fn(usize, &GroupName, Partition) -> bool + Send + Sync>;
+
+/// Which batch checkpoint wrote the record a mesh node resumed a lane from (group,
+/// partition, the checkpoint resumed from): mesh node, batch, position (see
+/// [`World::set_sources`]).
+pub type Sources = Box<
+    dyn Fn(
+            &GroupName,
+            Partition,
+            &unimesh_core::Checkpoint,
+        ) -> Option<(usize, Arc<PersistBatch>, usize)>
+        + Send
+        + Sync,
+>;
+
 /// The shared world of one run. Cheap to share (`Arc<World>`).
 pub struct World {
     pub opts: Options,
@@ -42,6 +64,11 @@ pub struct World {
     /// The run is over: clients stop.
     done: AtomicBool,
     inner: Mutex<Inner>,
+    /// The broker's group coordinator, asked whether an assignment is stale (none: every
+    /// assignment comes from the mesh itself).
+    overtaken: Mutex<Option<Overtaken>>,
+    /// The store that fences at read, asked which record a resume point came from.
+    sources: Mutex<Option<Sources>>,
 }
 
 struct Inner {
@@ -51,11 +78,8 @@ struct Inner {
     failure: Option<Violation>,
     faults_on: bool,
     counts: Counts,
-    clock: Clock,
-    /// Batches queued for the persist writer and not yet written, by the address of their
-    /// `Arc` (held here, so an address is not reused while its entry exists).
-    persisting: BTreeMap<usize, (Ticket, Arc<PersistBatch>)>,
-    last_applied: Option<Ticket>,
+    /// Total of the clock jumps so far (the tracker measures time without them).
+    jumped: Duration,
     /// The spec the mesh took when each group was first created (retries send it again).
     specs: BTreeMap<GroupName, SubscriptionSpec>,
     /// Each group's settings as the live mesh has them, and as the store has them (a crash
@@ -64,23 +88,66 @@ struct Inner {
     durable_specs: BTreeMap<GroupName, SubscriptionSpec>,
     /// The event id of every durable record (None: it does not decode), by position.
     ids: BTreeMap<(TopicName, Partition), Vec<Option<String>>>,
+    /// The mesh nodes, by instance number.
+    nodes: Vec<Node>,
+    /// Incarnations over every node.
+    incarnations: u32,
+    steps: u64,
+    /// The broker fences a replaced owner (Kafka): commits are judged when the broker takes
+    /// them ([`World::committed`]), not when the mesh issues them; the progress store fences
+    /// at read, so each assignment's resume point is judged as read ([`Inner::read_back`]).
+    fences_at_broker: bool,
+}
+
+/// What the world knows of one mesh node.
+#[derive(Default)]
+struct Node {
+    clock: Clock,
+    /// Batches queued for the persist writer and not yet written, by the address of their
+    /// `Arc` (held here, so an address is not reused while its entry exists).
+    persisting: BTreeMap<usize, (Ticket, Arc<PersistBatch>)>,
+    last_applied: Option<Ticket>,
     tracker: Tracker,
     /// The live incarnation's front door (None while the node is down).
     front: Option<mpsc::UnboundedSender<Job>>,
+    /// The live incarnation's log port (what a graceful stop closes first).
+    log: Option<Arc<dyn LogPort>>,
     incarnations: u32,
-    steps: u64,
+    /// The last batches made durable (address, ticket, the batch: held so the address is
+    /// not reused), to name the persist a record a reader took came from.
+    written: VecDeque<(usize, Ticket, Arc<PersistBatch>)>,
+    /// How long the node was paused so far, and since when it is paused now.
+    paused_for: Duration,
+    paused_since: Option<Instant>,
 }
 
-/// The checker's clock: the mesh's time of the live incarnation plus `base_ms`.
+impl Node {
+    /// The node's time paused so far.
+    fn paused(&self) -> Duration {
+        self.paused_for + self.paused_since.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+}
+
+/// The checker's clock of one node: the mesh's time of its live incarnation plus
+/// `base_ms`.
 #[derive(Default)]
 struct Clock {
     base_ms: Millis,
     last_ms: Millis,
     /// When the live incarnation started (the mesh's time 0).
     started: Option<Instant>,
-    /// Total of the clock jumps so far (the tracker measures time without them).
-    jumped: Duration,
 }
+
+/// What the broker says of the partitions an assignment hands a mesh: per partition,
+/// whether the coordinator overtook the assignment, and which batch checkpoint wrote the
+/// record it resumes from.
+struct Taken {
+    stale: Vec<bool>,
+    sources: Vec<Option<(usize, Arc<PersistBatch>, usize)>>,
+}
+
+/// Batches made durable a node keeps naming ([`Node::written`]).
+const WRITTEN_KEPT: usize = 64;
 
 fn at(now: Duration) -> Millis {
     now.as_millis() as Millis
@@ -91,10 +158,13 @@ impl World {
         let max_ack_timeout_ms = unimesh_core::SubscriptionLimits::default().max_ack_timeout_ms;
         let mut trace = Trace::default();
         trace.verbose = std::env::var_os("UNIMESH_TRACE").is_some();
+        let nodes = opts.nodes.max(1) as usize;
         Arc::new(Self {
             opts,
             origin: Instant::now(),
             done: AtomicBool::new(false),
+            overtaken: Mutex::new(None),
+            sources: Mutex::new(None),
             inner: Mutex::new(Inner {
                 checker: Checker::new(max_ack_timeout_ms),
                 trace,
@@ -102,17 +172,15 @@ impl World {
                 failure: None,
                 faults_on: true,
                 counts: Counts::default(),
-                clock: Clock::default(),
-                persisting: BTreeMap::new(),
-                last_applied: None,
+                jumped: Duration::ZERO,
                 specs: BTreeMap::new(),
                 live_specs: BTreeMap::new(),
                 durable_specs: BTreeMap::new(),
                 ids: BTreeMap::new(),
-                tracker: Tracker::default(),
-                front: None,
+                nodes: (0..nodes).map(|_| Node::default()).collect(),
                 incarnations: 0,
                 steps: 0,
+                fences_at_broker: false,
             }),
         })
     }
@@ -153,7 +221,7 @@ impl World {
     pub fn stop_faults(&self) {
         let mut w = self.lock();
         w.faults_on = false;
-        w.note(self.elapsed_ms(), "faults-end", [0; 4]);
+        w.note(0, self.elapsed_ms(), "faults-end", [0; 4]);
     }
 
     /// Counts one injected fault or client action (`f` picks the counter).
@@ -167,8 +235,43 @@ impl World {
 
     /// A step of the harness's own (a client's call, a fault), for the trace.
     pub fn note(&self, what: &'static str, args: [u64; 4]) {
+        self.note_at(0, what, args);
+    }
+
+    /// [`World::note`] of a step at mesh node `node`.
+    pub fn note_at(&self, node: usize, what: &'static str, args: [u64; 4]) {
         let t = self.elapsed_ms();
-        self.lock().note(t, what, args);
+        self.lock().note(node, t, what, args);
+    }
+
+    /// A group's number in the trace (see `Inner::tag`).
+    pub fn tag(&self, group: &GroupName) -> u64 {
+        self.lock().tag(group)
+    }
+
+    /// How many mesh nodes the run has.
+    pub fn nodes(&self) -> usize {
+        self.lock().nodes.len()
+    }
+
+    /// Where to ask whether an assignment a mesh accepts was overtaken by the broker's
+    /// group coordinator (a member acts on an assignment after the coordinator expelled it
+    /// or handed the lane on): the checker then counts the mesh a zombie for the lane from
+    /// the start, not its new owner.
+    pub fn set_ownership(&self, overtaken: Overtaken) {
+        *self.overtaken.lock().unwrap_or_else(|p| p.into_inner()) = Some(overtaken);
+    }
+
+    /// Where to ask which batch checkpoint wrote the record a resume point came from (a
+    /// store that fences at read: `Checker::read_back` judges what was read).
+    pub fn set_sources(&self, sources: Sources) {
+        *self.sources.lock().unwrap_or_else(|p| p.into_inner()) = Some(sources);
+    }
+
+    /// The broker fences a replaced owner (Kafka): from now on commits are judged when the
+    /// broker takes them ([`World::committed`]) and resume points as read.
+    pub fn fences_at_broker(&self) {
+        self.lock().fences_at_broker = true;
     }
 
     pub fn trace_hash(&self) -> u64 {
@@ -188,13 +291,18 @@ impl World {
         self.lock().incarnations
     }
 
+    /// Incarnations of node `node` so far.
+    pub fn incarnations_of(&self, node: usize) -> u32 {
+        self.lock().nodes.get(node).map_or(0, |n| n.incarnations)
+    }
+
     /// A clock jump of `by`: the mesh sees the time move on at once.
     pub fn jumped(&self, by: Duration) {
         let mut w = self.lock();
-        w.clock.jumped += by;
+        w.jumped += by;
         w.counts.clock_jumps += 1;
         let t = at(self.origin.elapsed());
-        w.note(t, "clock-jump", [by.as_millis() as u64, 0, 0, 0]);
+        w.note(0, t, "clock-jump", [by.as_millis() as u64, 0, 0, 0]);
     }
 
     /// Whether retention may delete now: once every group's start on every partition is
@@ -213,29 +321,64 @@ impl World {
         f(&self.lock().checker)
     }
 
-    /// The tracker's look at the time: the simulated clock without the jumps.
-    fn unjumped(&self, w: &Inner) -> Duration {
-        self.origin.elapsed().saturating_sub(w.clock.jumped)
+    /// The tracker's look at the time on node `node`: the simulated clock without the
+    /// jumps and without the node's pauses ("at once" is the node's own time).
+    fn unjumped(&self, w: &Inner, node: usize) -> Duration {
+        let paused = w.nodes.get(node).map_or(Duration::ZERO, Node::paused);
+        self.origin
+            .elapsed()
+            .saturating_sub(w.jumped)
+            .saturating_sub(paused)
+    }
+
+    /// Node `node` is paused from now on (none of its tasks runs).
+    pub fn paused(&self, node: usize) {
+        if let Some(n) = self.lock().nodes.get_mut(node) {
+            n.paused_since = Some(Instant::now());
+        }
+    }
+
+    /// Node `node` runs again.
+    pub fn resumed(&self, node: usize) {
+        if let Some(n) = self.lock().nodes.get_mut(node) {
+            if let Some(since) = n.paused_since.take() {
+                n.paused_for += since.elapsed();
+            }
+        }
     }
 
     /// Deliveries the mesh handed to a finished poll that neither reached a client nor
     /// went back (checked also at every observation).
     pub fn check_stranded(&self, final_check: bool) {
         let mut w = self.lock();
-        let now = self.unjumped(&w);
-        if let Err(v) = w.tracker.check(now, final_check) {
+        let nows: Vec<Duration> = (0..w.nodes.len()).map(|n| self.unjumped(&w, n)).collect();
+        let checked: Result<(), Violation> = w
+            .nodes
+            .iter_mut()
+            .zip(nows)
+            .try_for_each(|(n, now)| n.tracker.check(now, final_check));
+        if let Err(v) = checked {
             w.fail(v);
         }
     }
 
     // ----- the front door -----
 
-    pub fn front(&self) -> Option<mpsc::UnboundedSender<Job>> {
-        self.lock().front.clone()
+    /// Node `node`'s front door, while it is up.
+    pub fn front(&self, node: usize) -> Option<mpsc::UnboundedSender<Job>> {
+        self.lock().nodes.get(node).and_then(|n| n.front.clone())
     }
 
-    pub fn set_front(&self, front: mpsc::UnboundedSender<Job>) {
-        self.lock().front = Some(front);
+    /// Node `node`'s live log port, while it is up.
+    pub fn log_port(&self, node: usize) -> Option<Arc<dyn LogPort>> {
+        self.lock().nodes.get(node).and_then(|n| n.log.clone())
+    }
+
+    pub fn set_front(&self, node: usize, front: mpsc::UnboundedSender<Job>, log: Arc<dyn LogPort>) {
+        if let Some(n) = self.lock().nodes.get_mut(node) {
+            n.front = Some(front);
+            n.log = Some(log);
+        }
     }
 
     /// The spec to send when (re)creating `group`: the one the mesh took first, if any.
@@ -250,19 +393,23 @@ impl World {
 
     // ----- the process -----
 
-    /// The node was killed: the mesh's memory and every write not yet durable are gone.
-    pub fn crashed(&self) {
+    /// Node `node` was killed: its mesh's memory and every write not yet durable are gone.
+    pub fn crashed(&self, node: usize) {
         let mut w = self.lock();
-        let t = w.clock.now_ms();
-        w.front = None;
+        let Some(n) = w.nodes.get_mut(node) else {
+            return;
+        };
+        let t = n.clock.now_ms();
+        n.front = None;
+        n.log = None;
+        n.persisting.clear();
+        n.last_applied = None;
+        n.tracker.clear();
+        n.clock.started = None;
         w.counts.kills += 1;
-        w.persisting.clear();
-        w.last_applied = None;
-        w.tracker.clear();
-        w.clock.started = None;
-        w.note(t, "kill", [0; 4]);
+        w.note(node, t, "kill", [0; 4]);
         if w.failure.is_none() {
-            w.checker.crashed(t);
+            w.checker.instance(node as u32).crashed(t);
         }
         // Updates that were not durable are gone with the process.
         let undone: Vec<SubscriptionSpec> = w
@@ -278,65 +425,130 @@ impl World {
 
     // ----- the engine's tap -----
 
-    /// A new incarnation built its mesh with `epoch` at mesh time `now`.
-    pub(crate) fn started(&self, now: Millis, epoch: Epoch) {
+    /// A new incarnation of node `node` built its mesh with `epoch` at mesh time `now`.
+    pub(crate) fn started(&self, node: usize, now: Millis, epoch: Epoch) {
         let elapsed = self.origin.elapsed();
         let mut w = self.lock();
-        let base = w.clock.last_ms.max(at(elapsed) + 1);
-        w.clock.base_ms = base;
-        w.clock.started = Some(Instant::now());
         w.incarnations += 1;
-        let t = w.clock.t(now);
-        w.note(t, "start", [u64::from(epoch), 0, 0, 0]);
-        let r = w.checker.started(t, epoch);
+        let Some(n) = w.nodes.get_mut(node) else {
+            return;
+        };
+        let base = n.clock.last_ms.max(at(elapsed) + 1);
+        n.clock.base_ms = base;
+        n.clock.started = Some(Instant::now());
+        n.incarnations += 1;
+        let t = n.clock.t(now);
+        w.note(node, t, "start", [u64::from(epoch), 0, 0, 0]);
+        let r = w.checker.instance(node as u32).started(t, epoch);
         w.check(r);
     }
 
-    pub(crate) fn input(&self, now: Millis, input: &Input, response: &Response) {
+    pub(crate) fn input(&self, node: usize, now: Millis, input: &Input, response: &Response) {
+        // Asked before the world's lock is taken (the coordinator notes into the world).
+        let (stale, sources) = match input {
+            Input::PartitionsAssigned { group, partitions } => {
+                let overtaken = self.overtaken.lock().unwrap_or_else(|p| p.into_inner());
+                let stale = partitions
+                    .iter()
+                    .map(|a| {
+                        overtaken
+                            .as_ref()
+                            .is_some_and(|f| f(node, group, a.partition))
+                    })
+                    .collect();
+                let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+                let found = partitions
+                    .iter()
+                    .map(|a| {
+                        let c = a.checkpoint.as_ref()?;
+                        sources.as_ref()?(group, a.partition, c)
+                    })
+                    .collect();
+                (stale, found)
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
         let mut w = self.lock();
-        let unjumped = self.unjumped(&w);
+        let unjumped = self.unjumped(&w, node);
         w.steps += 1;
-        let t = w.clock.t(now);
-        w.observe_input(t, unjumped, input, response);
-        if let Err(v) = w.tracker.check(unjumped, false) {
+        let Some(t) = w.nodes.get_mut(node).map(|n| n.clock.t(now)) else {
+            return;
+        };
+        let taken = Taken { stale, sources };
+        w.observe_input(node, t, unjumped, input, response, &taken);
+        if let Err(v) = w.nodes[node].tracker.check(unjumped, false) {
             w.fail(v);
         }
     }
 
-    pub(crate) fn effect(&self, now: Millis, effect: &Effect) {
+    pub(crate) fn effect(&self, node: usize, now: Millis, effect: &Effect) {
         let mut w = self.lock();
-        let t = w.clock.t(now);
-        w.observe_effect(t, effect);
+        let Some(t) = w.nodes.get_mut(node).map(|n| n.clock.t(now)) else {
+            return;
+        };
+        w.observe_effect(node, t, effect);
     }
 
-    pub(crate) fn persist(&self, now: Millis, ticket: Ticket, batch: &Arc<PersistBatch>) {
+    pub(crate) fn persist(
+        &self,
+        node: usize,
+        now: Millis,
+        ticket: Ticket,
+        batch: &Arc<PersistBatch>,
+    ) {
         let mut w = self.lock();
-        let t = w.clock.t(now);
-        w.note(t, "persist", [ticket, batch.checkpoints.len() as u64, 0, 0]);
-        let r = w.checker.persist_emitted(ticket, batch);
+        let Some(t) = w.nodes.get_mut(node).map(|n| n.clock.t(now)) else {
+            return;
+        };
+        w.note(
+            node,
+            t,
+            "persist",
+            [ticket, batch.checkpoints.len() as u64, 0, 0],
+        );
+        let r = w
+            .checker
+            .instance(node as u32)
+            .persist_emitted(ticket, batch);
         w.check(r);
-        w.persisting
+        w.nodes[node]
+            .persisting
             .insert(Arc::as_ptr(batch) as usize, (ticket, batch.clone()));
     }
 
     // ----- the storage ports -----
 
-    /// The state store made `batch` durable (called at the moment of the commit, from
-    /// inside the store, so a kill right after still counts it).
-    pub fn persist_durable(&self, batch: &PersistBatch) {
+    /// The state store made `batch` of node `node` durable (called at the moment of the
+    /// commit, from inside the store, so a kill right after still counts it).
+    pub fn persist_durable(&self, node: usize, batch: &PersistBatch) {
+        self.persist_durable_outranked(node, batch, &[]);
+    }
+
+    /// [`World::persist_durable`] on a store that fences at read: the checkpoints marked in
+    /// `outranked` are outranked by a later owner's records, never read
+    /// ([`unimesh_sim::Checker::persist_applied_outranked`]).
+    pub fn persist_durable_outranked(&self, node: usize, batch: &PersistBatch, outranked: &[bool]) {
         let mut w = self.lock();
-        let t = w.clock.now_ms();
+        let Some(n) = w.nodes.get_mut(node) else {
+            return;
+        };
+        let t = n.clock.now_ms();
         let key = batch as *const PersistBatch as usize;
-        let Some((ticket, _)) = w.persisting.remove(&key) else {
+        let Some((ticket, held)) = n.persisting.remove(&key) else {
             w.fail(violation(
                 Clause::C3,
                 "the store wrote a batch the engine never queued (or wrote one twice)".into(),
             ));
             return;
         };
-        w.note(t, "durable", [ticket, 0, 0, 0]);
+        if n.written.len() >= WRITTEN_KEPT {
+            n.written.pop_front();
+        }
+        n.written.push_back((key, ticket, held));
+        let fenced = outranked.iter().filter(|&&o| o).count() as u64;
+        w.note(node, t, "durable", [ticket, fenced, 0, 0]);
         // The state port's contract: batches are handed over in ticket order, one at a time.
-        if let Some(last) = w.last_applied {
+        if let Some(last) = w.nodes[node].last_applied {
             if ticket <= last {
                 w.fail(violation(
                     Clause::C3,
@@ -347,11 +559,50 @@ impl World {
                 return;
             }
         }
-        w.last_applied = Some(ticket);
+        w.nodes[node].last_applied = Some(ticket);
         for spec in &batch.subscriptions {
             w.durable_specs.insert(spec.group.clone(), spec.clone());
         }
-        let r = w.checker.persist_applied(ticket, batch);
+        let replaced = w
+            .checker
+            .instance(node as u32)
+            .replaced_lanes(ticket, batch);
+        let outranked: Vec<bool> = replaced
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| r || outranked.get(i).copied().unwrap_or(false))
+            .collect();
+        let r = w
+            .checker
+            .instance(node as u32)
+            .persist_applied_outranked(ticket, batch, &outranked);
+        w.check(r);
+    }
+
+    /// The broker's group coordinator took `partitions` of `group` from node `node`'s
+    /// member without telling it (its session expired, or it was expelled).
+    pub fn lanes_expired(&self, node: usize, group: &GroupName, partitions: &[Partition]) {
+        let mut w = self.lock();
+        let Some(t) = w.nodes.get_mut(node).map(|n| n.clock.now_ms()) else {
+            return;
+        };
+        for &p in partitions {
+            w.checker.instance(node as u32).lane_expired(t, group, p);
+        }
+    }
+
+    /// The broker took a commit of node `node` (one it did not fence).
+    pub fn committed(&self, node: usize, group: &GroupName, partition: Partition, offset: Offset) {
+        let mut w = self.lock();
+        let Some(t) = w.nodes.get_mut(node).map(|n| n.clock.now_ms()) else {
+            return;
+        };
+        let g = w.tag(group);
+        w.note(node, t, "committed", [u64::from(partition), offset, g, 0]);
+        let r = w
+            .checker
+            .instance(node as u32)
+            .committed(group, partition, offset);
         w.check(r);
     }
 
@@ -383,8 +634,8 @@ impl World {
             RecordMeta::Undecodable(_) => None,
         };
         let mut w = self.lock();
-        let t = w.clock.now_ms();
-        w.note(t, "published", [u64::from(partition), offset, 0, 0]);
+        let t = w.now_ms();
+        w.note(0, t, "published", [u64::from(partition), offset, 0, 0]);
         let r = w.checker.published(topic, partition, record);
         w.check(r);
         w.ids
@@ -396,9 +647,9 @@ impl World {
     /// Retention deleted everything of `topic/partition` below `earliest`.
     pub fn retention(&self, topic: &TopicName, partition: Partition, earliest: Offset) {
         let mut w = self.lock();
-        let t = w.clock.now_ms();
+        let t = w.now_ms();
         w.counts.retention_deletions += 1;
-        w.note(t, "retention", [u64::from(partition), earliest, 0, 0]);
+        w.note(0, t, "retention", [u64::from(partition), earliest, 0, 0]);
         w.checker.retention(topic, partition, earliest);
     }
 
@@ -413,14 +664,14 @@ impl World {
         answer: &Result<Vec<PublishResult>, EngineError>,
     ) {
         let mut w = self.lock();
-        let t = w.clock.now_ms();
+        let t = w.now_ms();
         let Ok(results) = answer else {
-            w.note(t, "publish-error", [ids.len() as u64, 0, 0, 0]);
+            w.note(0, t, "publish-error", [ids.len() as u64, 0, 0, 0]);
             let r = w.checker.publish_answered(topic, false, None);
             w.check(r);
             return;
         };
-        w.note(t, "publish-ok", [results.len() as u64, 0, 0, 0]);
+        w.note(0, t, "publish-ok", [results.len() as u64, 0, 0, 0]);
         if results.len() != ids.len() {
             w.fail(violation(
                 Clause::C9,
@@ -456,12 +707,29 @@ impl World {
         }
     }
 
-    /// A poll of `client` (asking for `max`) came back to its request with `got`.
-    pub fn poll_received(&self, group: &GroupName, client: &ClientId, max: u32, got: &[Delivery]) {
+    /// A poll of `client` (asking for `max`) at node `node` came back to its request with
+    /// `got`.
+    pub fn poll_received(
+        &self,
+        node: usize,
+        group: &GroupName,
+        client: &ClientId,
+        max: u32,
+        got: &[Delivery],
+    ) {
         let mut w = self.lock();
-        let t = w.clock.now_ms();
-        w.note(t, "poll-answer", [got.len() as u64, u64::from(max), 0, 0]);
-        if let Err(v) = w.tracker.received(group, client, max, got) {
+        let Some(n) = w.nodes.get_mut(node) else {
+            return;
+        };
+        let t = n.clock.now_ms();
+        let r = n.tracker.received(group, client, max, got);
+        w.note(
+            node,
+            t,
+            "poll-answer",
+            [got.len() as u64, u64::from(max), 0, 0],
+        );
+        if let Err(v) = r {
             w.fail(v);
         }
     }
@@ -469,13 +737,17 @@ impl World {
     /// An ACK, NACK or extend came back to its request: it must be the mesh's answer.
     pub fn settle_answered(
         &self,
+        node: usize,
         group: &GroupName,
         kind: SettleKind,
         ids: &[DeliveryId],
         answer: &Result<Vec<Settle>, EngineError>,
     ) {
         let mut w = self.lock();
-        if let Err(v) = w.tracker.answered(group, kind, ids, answer) {
+        let Some(n) = w.nodes.get_mut(node) else {
+            return;
+        };
+        if let Err(v) = n.tracker.answered(group, kind, ids, answer) {
             w.fail(v);
         }
     }
@@ -500,10 +772,57 @@ pub(crate) fn violation(clause: Clause, message: String) -> Violation {
 }
 
 impl Inner {
+    /// Node `node` resumes `group/partition` from `checkpoint`, read from a store that
+    /// fences at read, from the record `source` wrote (when the store can tell): the checker
+    /// judges what was read (`Checker::read_back`). Leaves node `node` selected.
+    fn read_back(
+        &mut self,
+        node: usize,
+        group: &GroupName,
+        partition: Partition,
+        checkpoint: &unimesh_core::Checkpoint,
+        source: Option<(usize, Arc<PersistBatch>, usize)>,
+    ) -> Result<(), Violation> {
+        let source = source.and_then(|(writer, batch, index)| {
+            let key = Arc::as_ptr(&batch) as usize;
+            let w = self.nodes.get(writer)?;
+            let ticket = w.persisting.get(&key).map(|(t, _)| *t).or_else(|| {
+                w.written
+                    .iter()
+                    .find(|(k, _, _)| *k == key)
+                    .map(|(_, t, _)| *t)
+            })?;
+            Some((writer as u32, ticket, batch, index))
+        });
+        self.checker.instance(node as u32).read_back(
+            group,
+            partition,
+            checkpoint,
+            source.as_ref().map(|(w, t, b, i)| (*w, *t, b.as_ref(), *i)),
+        )
+    }
+
+    /// A group's number in the trace of several mesh nodes (its position among the groups,
+    /// from 1); 0 with one node, whose trace reads as it always did.
+    fn tag(&self, group: &GroupName) -> u64 {
+        if self.nodes.len() < 2 {
+            return 0;
+        }
+        self.specs
+            .keys()
+            .position(|g| g == group)
+            .map_or(0, |i| i as u64 + 1)
+    }
+
+    /// The checker's time now at node 0, for observations of the shared world.
+    fn now_ms(&mut self) -> Millis {
+        self.nodes.first_mut().map_or(0, |n| n.clock.now_ms())
+    }
+
     fn fail(&mut self, v: Violation) {
         if self.failure.is_none() {
-            let t = self.clock.last_ms;
-            self.note(t, "VIOLATION", [0; 4]);
+            let t = self.nodes.first().map_or(0, |n| n.clock.last_ms);
+            self.note(0, t, "VIOLATION", [0; 4]);
             self.failure = Some(v);
         }
     }
@@ -514,56 +833,112 @@ impl Inner {
         }
     }
 
-    /// Records a step; nothing after the first violation (so the last steps end there).
-    fn note(&mut self, now: Millis, what: &'static str, args: [u64; 4]) {
+    /// Records a step at mesh node `node`; nothing after the first violation (so the last
+    /// steps end there).
+    fn note(&mut self, node: usize, now: Millis, what: &'static str, args: [u64; 4]) {
         if self.failure.is_some() {
             return;
         }
         self.step += 1;
-        self.trace.record(Entry {
-            step: self.step,
-            now,
-            what,
-            args,
-        });
+        self.trace.record_at(
+            node as u32,
+            Entry {
+                step: self.step,
+                now,
+                what,
+                args,
+            },
+        );
     }
 
-    fn observe_input(&mut self, t: Millis, unjumped: Duration, input: &Input, response: &Response) {
+    fn observe_input(
+        &mut self,
+        node: usize,
+        t: Millis,
+        unjumped: Duration,
+        input: &Input,
+        response: &Response,
+        taken: &Taken,
+    ) {
+        self.checker.instance(node as u32);
         let ok = !matches!(response, Response::Refused(_));
         match input {
-            Input::Ack { group, ids } => self.settled(t, group, SettleKind::Ack, ids, response),
+            Input::Ack { group, ids } => {
+                self.settled(node, t, group, SettleKind::Ack, ids, response)
+            }
             Input::Nack {
                 group,
                 ids,
                 delay_ms,
-            } => self.settled(t, group, SettleKind::Nack(*delay_ms), ids, response),
+            } => self.settled(node, t, group, SettleKind::Nack(*delay_ms), ids, response),
             Input::Extend {
                 group,
                 ids,
                 extend_ms,
-            } => self.settled(t, group, SettleKind::Extend(*extend_ms), ids, response),
+            } => self.settled(
+                node,
+                t,
+                group,
+                SettleKind::Extend(*extend_ms),
+                ids,
+                response,
+            ),
             Input::ClientGone { group, client } => {
-                self.note(t, "client-gone", [0; 4]);
+                self.note(node, t, "client-gone", [0; 4]);
                 self.checker.client_gone(t, group, client);
-                self.tracker.gone(group, client);
+                self.nodes[node].tracker.gone(group, client);
             }
             Input::ClientPoll { group, client, max } => {
-                self.note(t, "client-poll", [u64::from(*max), u64::from(ok), 0, 0]);
+                self.note(
+                    node,
+                    t,
+                    "client-poll",
+                    [u64::from(*max), u64::from(ok), 0, 0],
+                );
                 self.checker.client_poll(group, client, *max, ok);
-                self.tracker.credit(group, client, *max, unjumped);
+                self.nodes[node]
+                    .tracker
+                    .credit(group, client, *max, unjumped);
             }
             Input::PartitionsAssigned { group, partitions } if ok => {
-                for a in partitions {
+                for (i, a) in partitions.iter().enumerate() {
                     if a.checkpoint.is_some() {
                         self.counts.resumed_from_progress += 1;
                     }
-                    self.note(t, "assigned", [u64::from(a.partition), a.end, 0, 0]);
-                    self.checker.assigned(group, a.partition);
+                    if let Some(c) = a.checkpoint.as_ref().filter(|_| self.fences_at_broker) {
+                        let source = taken.sources.get(i).cloned().flatten();
+                        let r = self.read_back(node, group, a.partition, c, source);
+                        self.check(r);
+                    }
+                    if taken.stale.get(i).copied().unwrap_or(false) {
+                        self.counts.stale_assignments += 1;
+                        let g = self.tag(group);
+                        self.note(
+                            node,
+                            t,
+                            "assigned-stale",
+                            [u64::from(a.partition), a.end, g, 0],
+                        );
+                        self.checker.assigned_stale(group, a.partition);
+                    } else {
+                        let g = self.tag(group);
+                        // With several nodes: where the lane resumes (1 + the watermark).
+                        let wm = if g > 0 {
+                            a.checkpoint
+                                .as_ref()
+                                .map_or(0, |c| c.progress.watermark() + 1)
+                        } else {
+                            0
+                        };
+                        self.note(node, t, "assigned", [u64::from(a.partition), a.end, g, wm]);
+                        self.checker.assigned(group, a.partition);
+                    }
                 }
             }
             Input::PartitionsRevoked { group, partitions } if ok => {
                 for &p in partitions {
-                    self.note(t, "revoked", [u64::from(p), 0, 0, 0]);
+                    let g = self.tag(group);
+                    self.note(node, t, "revoked", [u64::from(p), g, 0, 0]);
                     self.checker.revoked(t, group, p);
                 }
             }
@@ -572,11 +947,11 @@ impl Inner {
                 partition,
                 offset,
             } if ok => {
-                self.note(t, "seek", [u64::from(*partition), *offset, 0, 0]);
+                self.note(node, t, "seek", [u64::from(*partition), *offset, 0, 0]);
                 self.checker.sought(t, group, *partition, *offset);
             }
             Input::Subscribe(spec) if ok => {
-                self.note(t, "subscribe", [0; 4]);
+                self.note(node, t, "subscribe", [0; 4]);
                 if self.specs.contains_key(&spec.group) {
                     self.checker.update_group(spec);
                 } else {
@@ -586,48 +961,76 @@ impl Inner {
                 self.live_specs.insert(spec.group.clone(), spec.clone());
             }
             Input::Persisted { ticket } => {
-                self.note(t, "persisted", [*ticket, 0, 0, 0]);
+                self.note(node, t, "persisted", [*ticket, 0, 0, 0]);
                 self.checker.persist_notified(*ticket);
             }
             Input::PersistFailed { ticket } => {
-                self.note(t, "persist-failed", [*ticket, 0, 0, 0]);
-                self.checker.persist_failed(*ticket);
-                self.persisting.retain(|_, (k, _)| k != ticket);
+                self.note(node, t, "persist-failed", [*ticket, 0, 0, 0]);
+                let failed = self.nodes[node]
+                    .persisting
+                    .iter()
+                    .find(|(_, (k, _))| k == ticket)
+                    .map(|(&key, (_, batch))| (key, batch.clone()));
+                match failed.filter(|_| self.fences_at_broker) {
+                    // Written record by record: what landed before the failure may be read.
+                    Some((key, batch)) => {
+                        self.checker.persist_failed_partly(*ticket, &batch);
+                        let n = &mut self.nodes[node];
+                        if n.written.len() >= WRITTEN_KEPT {
+                            n.written.pop_front();
+                        }
+                        n.written.push_back((key, *ticket, batch));
+                    }
+                    None => self.checker.persist_failed(*ticket),
+                }
+                self.nodes[node].persisting.retain(|_, (k, _)| k != ticket);
             }
             Input::Fetched {
-                partition, result, ..
+                group,
+                partition,
+                result,
+                ..
             } => match result {
                 FetchResult::Records(r) => {
                     let first = r.first().map_or(0, |r| r.offset);
+                    let g = self.tag(group);
                     self.note(
+                        node,
                         t,
                         "fetched",
-                        [u64::from(*partition), r.len() as u64, first, 0],
+                        [u64::from(*partition), r.len() as u64, first, g],
                     );
                 }
                 FetchResult::OutOfRange { earliest, end } => {
                     self.note(
+                        node,
                         t,
                         "fetched-oor",
                         [u64::from(*partition), *earliest, *end, 0],
                     );
                 }
                 FetchResult::Failed { .. } => {
-                    self.note(t, "fetch-failed", [u64::from(*partition), 0, 0, 0])
+                    self.note(node, t, "fetch-failed", [u64::from(*partition), 0, 0, 0])
                 }
             },
-            Input::Tick => self.note(t, "tick", [0; 4]),
-            Input::FlushNow => self.note(t, "flush-now", [0; 4]),
-            Input::Replay { records, .. } => {
-                self.note(t, "replay", [records.len() as u64, u64::from(ok), 0, 0])
+            Input::Tick => self.note(node, t, "tick", [0; 4]),
+            Input::FlushNow => self.note(node, t, "flush-now", [0; 4]),
+            Input::Replay { records, .. } => self.note(
+                node,
+                t,
+                "replay",
+                [records.len() as u64, u64::from(ok), 0, 0],
+            ),
+            Input::Unsubscribe { .. } => {
+                self.note(node, t, "unsubscribe", [u64::from(ok), 0, 0, 0])
             }
-            Input::Unsubscribe { .. } => self.note(t, "unsubscribe", [u64::from(ok), 0, 0, 0]),
-            _ => self.note(t, "input", [u64::from(ok), 0, 0, 0]),
+            _ => self.note(node, t, "input", [u64::from(ok), 0, 0, 0]),
         }
     }
 
     fn settled(
         &mut self,
+        node: usize,
         t: Millis,
         group: &GroupName,
         kind: SettleKind,
@@ -640,16 +1043,19 @@ impl Inner {
             SettleKind::Extend(_) => 2,
         };
         let first = ids.first().map_or(0, |id| id.offset);
-        self.note(t, "settle", [code, ids.len() as u64, first, 0]);
+        self.note(node, t, "settle", [code, ids.len() as u64, first, 0]);
         let r = self.checker.settled(t, group, kind, ids, response);
         self.check(r);
         if !matches!(kind, SettleKind::Extend(_)) {
-            self.counts.polls_handed_back += self.tracker.settled(ids);
+            self.counts.polls_handed_back += self.nodes[node].tracker.settled(ids);
         }
-        self.tracker.mesh_answered(group, kind, ids, response);
+        self.nodes[node]
+            .tracker
+            .mesh_answered(group, kind, ids, response);
     }
 
-    fn observe_effect(&mut self, t: Millis, effect: &Effect) {
+    fn observe_effect(&mut self, node: usize, t: Millis, effect: &Effect) {
+        self.checker.instance(node as u32);
         match effect {
             Effect::Deliver {
                 group,
@@ -657,14 +1063,16 @@ impl Inner {
                 delivery,
             } => {
                 let id = delivery.id;
+                let g = self.tag(group);
                 self.note(
+                    node,
                     t,
                     "deliver",
-                    [u64::from(id.partition), id.offset, u64::from(id.attempt), 0],
+                    [u64::from(id.partition), id.offset, u64::from(id.attempt), g],
                 );
                 let r = self.checker.delivered(t, group, client, delivery);
                 self.check(r);
-                self.tracker.delivered(group, client, id);
+                self.nodes[node].tracker.delivered(group, client, id);
             }
             Effect::Commit {
                 group,
@@ -672,9 +1080,13 @@ impl Inner {
                 offset,
                 ..
             } => {
-                self.note(t, "commit", [u64::from(*partition), *offset, 0, 0]);
-                let r = self.checker.committed(group, *partition, *offset);
-                self.check(r);
+                let g = self.tag(group);
+                self.note(node, t, "commit", [u64::from(*partition), *offset, g, 0]);
+                // A broker that fences commits judges them when it takes them.
+                if !self.fences_at_broker {
+                    let r = self.checker.committed(group, *partition, *offset);
+                    self.check(r);
+                }
             }
             Effect::Skipped {
                 group,
@@ -684,7 +1096,7 @@ impl Inner {
                 reason,
                 ..
             } => {
-                self.note(t, "skipped", [u64::from(*partition), *from, *to, 0]);
+                self.note(node, t, "skipped", [u64::from(*partition), *from, *to, 0]);
                 let r = self.checker.skipped(group, *partition, *from, *to, *reason);
                 self.check(r);
             }
@@ -693,7 +1105,12 @@ impl Inner {
                 from,
                 max,
                 ..
-            } => self.note(t, "fetch", [u64::from(*partition), *from, *max as u64, 0]),
+            } => self.note(
+                node,
+                t,
+                "fetch",
+                [u64::from(*partition), *from, *max as u64, 0],
+            ),
             Effect::BrokerAck { partition, .. } => {
                 // The simulated brokers give no receipt handles: a POP broker ACK cannot be.
                 self.fail(violation(
@@ -701,7 +1118,7 @@ impl Inner {
                     format!("a broker ACK for partition {partition} of a broker without receipts"),
                 ));
             }
-            _ => self.note(t, "effect", [0; 4]),
+            _ => self.note(node, t, "effect", [0; 4]),
         }
     }
 }

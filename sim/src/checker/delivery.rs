@@ -115,6 +115,11 @@ impl Checker {
                 self.stats.lost_deliveries += 1;
             } else if zombie {
                 self.stats.zombie_deliveries += 1;
+                let seen = &mut lane.rec(o).zombie_attempts;
+                match seen.iter_mut().find(|(i, _)| *i == inst) {
+                    Some((_, a)) => *a = (*a).max(d.attempt),
+                    None => seen.push((inst, d.attempt)),
+                }
             } else {
                 if lane.rec(o).done_in == Some((inst, epoch, id.lease)) {
                     return fail(

@@ -89,13 +89,53 @@ impl Checker {
             // The zombie's records may be handed out again by the new owner.
             lane.resets += 1;
         }
-        let o = lane.owner(inst);
-        o.assigned = true;
-        o.stamp = stamp;
-        o.knows = knows;
-        o.delivered_end = 0;
-        o.must_report = None;
-        o.applied_wm = None;
+        lane.owner(inst).take(stamp, knows);
+    }
+
+    /// The selected instance's mesh accepted the lane from an assignment the coordinator
+    /// has since overtaken (it handed the lane on in a later generation, or expelled the
+    /// member, before the instance acted on it): the instance holds the lane as a zombie
+    /// from the start — it may deliver (duplicates), nothing it writes may become durable.
+    /// The lane's owner, if its mesh took the lane already, stays the owner.
+    pub fn assigned_stale(&mut self, group: &GroupName, p: Partition) {
+        let inst = self.current;
+        let knows = self.truncations_of(group, p);
+        let Some(lane) = self.lane_mut(group, p) else {
+            return;
+        };
+        // A stamp below the lane's: fenced from the start (the owner keeps the lane's).
+        let current = lane
+            .owners
+            .iter()
+            .any(|(&i, o)| i != inst && o.assigned && o.stamp == lane.owner_stamp);
+        if !current {
+            lane.owner_stamp += 1;
+        }
+        let stamp = lane.owner_stamp - 1;
+        lane.resets += 1;
+        lane.owner(inst).take(stamp, knows);
+    }
+
+    /// The group coordinator took the lane from the selected instance without telling it
+    /// (its group member's session expired, or it was expelled): [`Checker::expired`] for
+    /// one lane — what the instance holds of it is fenced from now on, and the lane may be
+    /// handed to another instance. A harness whose coordinator tracks membership per group
+    /// (Kafka's: one member per instance and group) reports each lane the member held.
+    pub fn lane_expired(&mut self, now: Millis, group: &GroupName, p: Partition) {
+        self.tick(now);
+        let inst = self.current;
+        let Some(lane) = self.lane_mut(group, p) else {
+            return;
+        };
+        let stamp = lane.owner_stamp;
+        if lane
+            .owners
+            .get(&inst)
+            .is_some_and(|o| o.assigned && o.stamp == stamp)
+        {
+            lane.owner_stamp += 1;
+            lane.resets += 1;
+        }
     }
 
     /// The group coordinator no longer counts the selected instance as a member (its

@@ -95,6 +95,17 @@
 //! A harness of the real shell that cannot see `Persist` batches directly can feed the
 //! same hooks from a storage port that reports what it wrote.
 //!
+//! A store that fences at read (Kafka's progress topic: every owner writes under its
+//! ownership generation, and a reader takes the highest) holds what a replaced owner wrote
+//! too, below its successor's records. Such a store reports a batch with
+//! [`Checker::persist_applied_outranked`] (the checkpoints no reader takes are not
+//! applied), a checkpoint a reader took before the rest of its batch was durable with
+//! [`Checker::persist_lane_applied`], and every assignment's resume point, before
+//! [`Checker::assigned`], to [`Checker::read_back`]: what is durable on such a store is
+//! what readers take — a replaced owner's late checkpoint that no later owner outranked
+//! yet is taken (and judged in its writer's generation), one a later owner's durable
+//! checkpoint outranks never is (C3).
+//!
 //! # Several instances (a cluster sharing one broker and one progress store)
 //! Every hook about a process — its incarnations, the lanes it owns, its clients, its
 //! deliveries, answers and persists — applies to the instance last selected with
@@ -137,7 +148,7 @@
 //!   resolving instance replayed — as the store must.
 //! - Filters are judged by the checker's own model (`filter`), never by the core's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 
 use unimesh_core::{DeliveryId, DlqKey, GroupName, Millis, Partition, Ticket, TopicName};
@@ -153,7 +164,7 @@ mod state;
 mod update;
 mod world;
 
-use state::{Emitted, GroupState, Issued, Log, Node};
+use state::{Emitted, GroupState, Issued, Log, Node, Unread};
 
 pub use filter::admits;
 
@@ -235,6 +246,9 @@ pub struct CheckerStats {
     pub truncations_reported: u64,
     /// Offsets made durably done because the broker does not show them (holes, compaction).
     pub done_by_absence: u64,
+    /// Late checkpoints of a replaced owner that a reader of a store fencing at read took,
+    /// because no later owner had written yet ([`Checker::read_back`]).
+    pub adopted_late_writes: u64,
 }
 
 /// The contract checker. See the module documentation.
@@ -256,6 +270,10 @@ pub struct Checker {
     /// resolution of that key by that instance refers to.
     replayed: BTreeMap<(Instance, DlqKey), u64>,
     emitted: BTreeMap<(u32, Ticket), Emitted>,
+    /// Per lane, the last checkpoints a store that fences at read holds but no reader may
+    /// take (outranked: see [`Checker::persist_applied_outranked`]), to recognise one a
+    /// reader resumes from anyway ([`Checker::read_back`]).
+    unread: BTreeMap<(GroupName, Partition), VecDeque<Unread>>,
     /// Counts changes of what the broker shows (holes, compaction), for judging gaps.
     world_seq: u64,
     /// Serials handed to published records.
@@ -284,6 +302,7 @@ impl Checker {
             dlq: BTreeMap::new(),
             replayed: BTreeMap::new(),
             emitted: BTreeMap::new(),
+            unread: BTreeMap::new(),
             world_seq: 0,
             serials: 0,
             stats: CheckerStats::default(),

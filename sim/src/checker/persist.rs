@@ -6,9 +6,18 @@
 //! the live one) and C5 (a dead letter only after its last attempt). What a persist made
 //! durably done becomes a promise of broker ACKs (C6) once the mesh is told.
 
-use unimesh_core::{DlqKey, LaneCheckpoint, Offset, PersistBatch, Progress, RecordMeta, Ticket};
+use unimesh_core::{
+    Checkpoint, DlqKey, GroupName, LaneCheckpoint, Offset, Partition, PersistBatch, Progress,
+    RecordMeta, Ticket,
+};
 
-use super::state::{bit, clip, newly_done, Emitted, EmittedLane, LaneState, NewlyDone, SlotState};
+use super::state::{
+    bit, clip, newly_done, Emitted, EmittedLane, LaneState, NewlyDone, SlotState, Unread,
+};
+
+/// Unread checkpoints kept per lane ([`Checker::read_back`]).
+const UNREAD_PER_LANE: usize = 16;
+
 use super::world::passes;
 use super::{fail, Check, Checker, Clause, Violation};
 
@@ -53,6 +62,7 @@ impl Checker {
                 lanes,
                 world_seq: self.world_seq,
                 newly_done: Vec::new(),
+                letters_applied: false,
             },
         );
         Ok(())
@@ -61,6 +71,23 @@ impl Checker {
     /// The store made `batch` of the selected instance durable (whether or not the mesh
     /// hears of it).
     pub fn persist_applied(&mut self, ticket: Ticket, batch: &PersistBatch) -> Check {
+        self.persist_applied_outranked(ticket, batch, &[])
+    }
+
+    /// [`Checker::persist_applied`] on a store that fences at read: the batch is durable,
+    /// but the checkpoints whose position in `batch.checkpoints` is `true` in `outranked`
+    /// are not their lanes' durable state — a reader never takes them, because a record of
+    /// a later owner ranks above them (Kafka's progress topic ranks a lane's records by
+    /// the writer's ownership generation, so a replaced owner's late write lands and is
+    /// never read). Those are neither judged nor applied; dead letters and the rest of the
+    /// batch are. A position missing from `outranked` counts as `false`.
+    pub fn persist_applied_outranked(
+        &mut self,
+        ticket: Ticket,
+        batch: &PersistBatch,
+        outranked: &[bool],
+    ) -> Check {
+        let counts = |i: usize| !outranked.get(i).copied().unwrap_or(false);
         self.stats.persists_applied += 1;
         let incarnation = self.node().incarnation;
         let key = (incarnation, ticket);
@@ -70,12 +97,18 @@ impl Checker {
                 format!("persist {ticket} applied but never emitted by this incarnation"),
             );
         };
-        self.check_not_fenced(ticket, batch, &em)?;
-        self.apply_dead_letter_changes(batch, em.instance)?;
-        for (c, lane) in batch.checkpoints.iter().zip(em.lanes.iter()) {
-            let Some(lane) = lane else {
+        self.check_not_fenced(ticket, batch, &em, &counts)?;
+        if !em.letters_applied {
+            self.apply_dead_letter_changes(batch, em.instance)?;
+        }
+        for (i, (c, lane)) in batch.checkpoints.iter().zip(em.lanes.iter()).enumerate() {
+            let Some(lane) = lane.as_ref() else {
                 continue;
             };
+            if !counts(i) {
+                self.keep_unread(c, lane, em.instance, ticket, i, em.world_seq);
+                continue;
+            }
             if let Some(fresh) = self.apply_checkpoint(c, lane, em.instance, em.world_seq)? {
                 em.newly_done.push(fresh);
             }
@@ -88,11 +121,165 @@ impl Checker {
         Ok(())
     }
 
+    /// C3 for a store that fences at read: the selected instance resumes `group/p` from
+    /// `checkpoint`, as it read it from the store (called before [`Checker::assigned`]),
+    /// and the harness knows which record that was (`source`: written by checkpoint
+    /// `index` of persist `ticket` of instance `writer`; `None` when it cannot tell, e.g. a
+    /// resume from the committed offset). A record the checker did not apply — one of a
+    /// batch not yet durable as a whole (its record landed first), or one the store holds
+    /// below another ([`Checker::persist_applied_outranked`]) — is taken only when nothing
+    /// a later owner wrote is durable: then it is the lane's newest record (a replaced
+    /// owner's late write that no successor outranked yet: read-fencing adopts it), and it
+    /// is applied now, judged in its writer's generation (C1); never when a later owner's
+    /// durable checkpoint outranks it (C3).
+    pub fn read_back(
+        &mut self,
+        group: &GroupName,
+        p: Partition,
+        checkpoint: &Checkpoint,
+        source: Option<(super::Instance, Ticket, &PersistBatch, usize)>,
+    ) -> Check {
+        let reader = self.current;
+        let durable = self
+            .groups
+            .get(group)
+            .and_then(|g| g.lanes.get(&p))
+            .and_then(|l| l.durable.as_ref());
+        if durable == Some(checkpoint) {
+            return Ok(());
+        }
+        let Some((writer, ticket, batch, index)) = source else {
+            return Ok(());
+        };
+        let unread = self.unread.get(&(group.clone(), p)).and_then(|held| {
+            held.iter()
+                .find(|u| u.instance == writer && u.ticket == ticket && u.index == index)
+                .cloned()
+        });
+        let result = match unread {
+            Some(u) => self
+                .adoptable(&u.checkpoint, &u.lane, u.instance)
+                .and_then(|()| {
+                    self.apply_checkpoint(&u.checkpoint, &u.lane, u.instance, u.world_seq)
+                })
+                .map(|_| ()),
+            None => {
+                self.current = writer;
+                self.persist_lane_applied(ticket, batch, index)
+            }
+        };
+        self.current = reader;
+        result
+    }
+
+    /// Checkpoint `index` of `ticket` of the selected instance, emitted and not yet durable
+    /// as a whole, was read by a reader (a store that fences at read: its record landed
+    /// before the rest of the batch): judged as [`Checker::read_back`] says and applied
+    /// now; the batch's own apply leaves it out.
+    fn persist_lane_applied(
+        &mut self,
+        ticket: Ticket,
+        batch: &PersistBatch,
+        index: usize,
+    ) -> Check {
+        let incarnation = self.node().incarnation;
+        let key = (incarnation, ticket);
+        let Some(mut em) = self.emitted.remove(&key) else {
+            // Applied and notified already (and not outranked): nothing to take back.
+            return Ok(());
+        };
+        // The batch's dead letters and resolutions are written before its checkpoints.
+        if !em.letters_applied {
+            em.letters_applied = true;
+            if let Err(v) = self.apply_dead_letter_changes(batch, em.instance) {
+                self.emitted.insert(key, em);
+                return Err(v);
+            }
+        }
+        let applied = match (batch.checkpoints.get(index), em.lanes.get(index)) {
+            (Some(c), Some(Some(lane))) => self
+                .adoptable(c, lane, em.instance)
+                .and_then(|()| self.apply_checkpoint(c, lane, em.instance, em.world_seq)),
+            _ => Ok(None),
+        };
+        if let Ok(Some(fresh)) = &applied {
+            em.newly_done.push(fresh.clone());
+        }
+        if let Some(lane) = em.lanes.get_mut(index) {
+            *lane = None;
+        }
+        self.emitted.insert(key, em);
+        applied.map(|_| ())
+    }
+
+    /// Whether a reader may take checkpoint `c` that `writer` emitted (`el`), not applied
+    /// when it landed: not when a later owner's checkpoint is durable (C3: the fence ranks
+    /// that one above it). A replaced owner's late write that nothing later outranks is
+    /// adopted (counted).
+    fn adoptable(
+        &mut self,
+        c: &LaneCheckpoint,
+        el: &EmittedLane,
+        writer: super::Instance,
+    ) -> Check {
+        let (durable_stamp, owner_stamp) = self
+            .groups
+            .get(&c.group)
+            .and_then(|g| g.lanes.get(&c.partition))
+            .map_or((0, 0), |l| (l.durable_stamp, l.owner_stamp));
+        if el.stamp < durable_stamp {
+            return fail(
+                Clause::C3,
+                format!(
+                    "{}/{}: instance {} resumed from a checkpoint (watermark {}) of instance {writer} that a later owner's durable checkpoint outranks",
+                    c.group,
+                    c.partition,
+                    self.current,
+                    c.checkpoint.progress.watermark(),
+                ),
+            );
+        }
+        if el.stamp < owner_stamp {
+            self.stats.adopted_late_writes += 1;
+        }
+        Ok(())
+    }
+
+    /// Which checkpoints of `ticket` of the selected instance (emitted, not yet applied)
+    /// are of lanes given to another owner since the batch was emitted: a zombie's writes,
+    /// which a store that fences at read ranks below the new owner's (see
+    /// [`Checker::persist_applied_outranked`]). All false for a ticket it does not know.
+    pub fn replaced_lanes(&mut self, ticket: Ticket, batch: &PersistBatch) -> Vec<bool> {
+        let incarnation = self.node().incarnation;
+        let Some(em) = self.emitted.get(&(incarnation, ticket)) else {
+            return vec![false; batch.checkpoints.len()];
+        };
+        batch
+            .checkpoints
+            .iter()
+            .zip(em.lanes.iter())
+            .map(|(c, lane)| {
+                let stamp = self
+                    .groups
+                    .get(&c.group)
+                    .and_then(|g| g.lanes.get(&c.partition))
+                    .map_or(0, |l| l.owner_stamp);
+                lane.as_ref().is_some_and(|el| el.stamp < stamp)
+            })
+            .collect()
+    }
+
     /// C3: a checkpoint of an owner the coordinator has since replaced or expired (a
     /// zombie) must be fenced by the store, never applied.
-    fn check_not_fenced(&self, ticket: Ticket, batch: &PersistBatch, em: &Emitted) -> Check {
-        for (c, lane) in batch.checkpoints.iter().zip(em.lanes.iter()) {
-            let Some(el) = lane else {
+    fn check_not_fenced(
+        &self,
+        ticket: Ticket,
+        batch: &PersistBatch,
+        em: &Emitted,
+        counts: &impl Fn(usize) -> bool,
+    ) -> Check {
+        for (i, (c, lane)) in batch.checkpoints.iter().zip(em.lanes.iter()).enumerate() {
+            let Some(el) = lane.as_ref().filter(|_| counts(i)) else {
                 continue;
             };
             let stamp = self
@@ -154,10 +341,16 @@ impl Checker {
                 .get(d.key.offset as usize)
                 .cloned()
                 .unwrap_or_default();
+            // The writer's own attempts as a zombie count for its own dead letter.
+            let own = r
+                .zombie_attempts
+                .iter()
+                .find(|(i, _)| *i == inst)
+                .map_or(0, |&(_, a)| a);
             // A record the broker lost since: what was known of its attempts went with it.
             if lost_in.is_none()
                 && !undecodable
-                && r.max_attempt_any < max_attempts
+                && r.max_attempt_any.max(own) < max_attempts
                 && r.ledger_max < max_attempts
             {
                 return fail(
@@ -302,6 +495,7 @@ impl Checker {
         let owner_drop_gen = o.drop_gen;
         lane.applied_gen = lane.applied_gen.max(gen);
         lane.durable = Some(written);
+        lane.durable_stamp = el.stamp;
         Ok((drop_gen == owner_drop_gen)
             .then(|| (c.group.clone(), c.partition, inst, drop_gen, fresh)))
     }
@@ -349,6 +543,51 @@ impl Checker {
     pub fn persist_failed(&mut self, ticket: Ticket) {
         let incarnation = self.node().incarnation;
         self.emitted.remove(&(incarnation, ticket));
+    }
+
+    /// [`Checker::persist_failed`] on a store that writes a batch as several records and
+    /// fences at read (Kafka's progress topic): some of its checkpoints may have landed
+    /// before the write failed, so they are kept, unapplied, for a reader that takes one
+    /// ([`Checker::read_back`]).
+    pub fn persist_failed_partly(&mut self, ticket: Ticket, batch: &PersistBatch) {
+        let incarnation = self.node().incarnation;
+        let Some(em) = self.emitted.remove(&(incarnation, ticket)) else {
+            return;
+        };
+        for (i, (c, lane)) in batch.checkpoints.iter().zip(em.lanes.iter()).enumerate() {
+            if let Some(lane) = lane.as_ref() {
+                self.keep_unread(c, lane, em.instance, ticket, i, em.world_seq);
+            }
+        }
+    }
+
+    /// Keeps checkpoint `index` of `ticket` of `instance`, which the checker did not apply,
+    /// for a reader that takes it ([`Checker::read_back`]); the oldest kept of the lane goes
+    /// when it holds [`UNREAD_PER_LANE`].
+    fn keep_unread(
+        &mut self,
+        c: &LaneCheckpoint,
+        lane: &EmittedLane,
+        instance: super::Instance,
+        ticket: Ticket,
+        index: usize,
+        world_seq: u64,
+    ) {
+        let held = self
+            .unread
+            .entry((c.group.clone(), c.partition))
+            .or_default();
+        if held.len() >= UNREAD_PER_LANE {
+            held.pop_front();
+        }
+        held.push_back(Unread {
+            checkpoint: c.clone(),
+            lane: lane.clone(),
+            instance,
+            ticket,
+            index,
+            world_seq,
+        });
     }
 }
 

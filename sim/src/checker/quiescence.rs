@@ -3,7 +3,7 @@
 //! promised broker ACK sent; C2: the duplicate bound), and what the checker can tell a
 //! harness about the durable state.
 
-use unimesh_core::{GroupName, Offset, Partition};
+use unimesh_core::{Checkpoint, GroupName, Offset, Partition};
 
 use super::state::SlotState;
 use super::{fail, Check, Checker, Clause};
@@ -108,6 +108,15 @@ impl Checker {
     }
 
     /// The durable watermark of a lane, for diagnostics.
+    /// Whether `checkpoint` is the lane's durable checkpoint (what the next reader takes).
+    pub fn is_durable(&self, group: &GroupName, p: Partition, checkpoint: &Checkpoint) -> bool {
+        self.groups
+            .get(group)
+            .and_then(|g| g.lanes.get(&p))
+            .and_then(|l| l.durable.as_ref())
+            == Some(checkpoint)
+    }
+
     pub fn durable_watermark(&self, group: &GroupName, p: Partition) -> Option<Offset> {
         self.groups
             .get(group)

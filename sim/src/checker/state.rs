@@ -148,6 +148,10 @@ pub(super) struct Rec {
     pub(super) first_reset: u32,
     /// Highest attempt ever delivered, replay lane included (justifies dead letters).
     pub(super) max_attempt_any: u32,
+    /// Per instance, the highest attempt it delivered while a zombie for the lane (those
+    /// count for no one else; they justify that instance's own dead letter of the record,
+    /// which a store that fences only progress — Kafka's DLQ topic — takes).
+    pub(super) zombie_attempts: Vec<(Instance, u32)>,
     /// Highest attempt number seen in a durable ledger.
     pub(super) ledger_max: u32,
     /// (instance, epoch, lease) in which the record was last done (ACK accepted).
@@ -200,6 +204,17 @@ impl Owner {
     pub(super) fn fenced(&self, lane_stamp: u32) -> bool {
         self.stamp < lane_stamp
     }
+
+    /// The instance's mesh took the lane, with owner stamp `stamp`, knowing `knows` of the
+    /// partition's truncations: what it delivered and made durable before is forgotten.
+    pub(super) fn take(&mut self, stamp: u32, knows: usize) {
+        self.assigned = true;
+        self.stamp = stamp;
+        self.knows = knows;
+        self.delivered_end = 0;
+        self.must_report = None;
+        self.applied_wm = None;
+    }
 }
 
 /// What the checker knows of one (group, partition) lane, for the cluster.
@@ -209,6 +224,8 @@ pub(super) struct LaneState {
     /// The durable checkpoint as the next reader will see it (clipped at every broker
     /// truncation the lane that wrote it did not know of).
     pub(super) durable: Option<Checkpoint>,
+    /// The owner stamp of the writer of `durable` (as it was when the writer emitted it).
+    pub(super) durable_stamp: u32,
     /// Hands out generations, unique over the lane's owners.
     pub(super) gen_counter: u32,
     /// Generations of every seek (a durable watermark may go back across one).
@@ -355,6 +372,19 @@ pub(super) struct EmittedLane {
     pub(super) knows: usize,
 }
 
+/// A checkpoint a store that fences at read holds but ranks below another: what its
+/// writer emitted, to judge it should a reader take it anyway ([`super::Checker::read_back`]).
+#[derive(Clone, Debug)]
+pub(super) struct Unread {
+    pub(super) checkpoint: unimesh_core::LaneCheckpoint,
+    pub(super) lane: EmittedLane,
+    pub(super) instance: Instance,
+    /// The persist it was in, and its position there.
+    pub(super) ticket: unimesh_core::Ticket,
+    pub(super) index: usize,
+    pub(super) world_seq: u64,
+}
+
 /// What one emitted persist carried, to judge it when the store applies it.
 #[derive(Clone, Debug)]
 pub(super) struct Emitted {
@@ -367,6 +397,9 @@ pub(super) struct Emitted {
     pub(super) world_seq: u64,
     /// Offsets newly made durable, recorded at apply, for C6 once the mesh is told.
     pub(super) newly_done: Vec<NewlyDone>,
+    /// Its dead letters and resolutions are durable already (a checkpoint of it was read
+    /// before the rest: [`super::Checker::persist_lane_applied`]).
+    pub(super) letters_applied: bool,
 }
 
 /// One instance: its process, as the checker follows it.

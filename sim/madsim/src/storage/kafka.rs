@@ -1,8 +1,10 @@
-//! The Kafka shape: the shell's own Kafka port (`unimesh_shell::kafka`: `KafkaLog`, the
-//! progress topic, `KafkaState`) against madsim-rdkafka's simulated broker, which runs on
-//! a node of its own and outlives every kill of the mesh node. That broker has no consumer
-//! groups, so the port runs its explicit-assignment mode: one instance owns every
-//! partition and resumes each from its progress record.
+//! The Kafka shapes: the shell's own Kafka port (`unimesh_shell::kafka`: `KafkaLog`, the
+//! progress topic, `KafkaState`, and the group consumer's `rules/`) against madsim-rdkafka's
+//! simulated broker, which runs on a node of its own and outlives every kill of a mesh
+//! node. That broker has no consumer groups: the harness's group coordinator
+//! (`coordinator`) takes their place, on the broker's node, and every mesh node's consumer
+//! joins it (`KafkaLog::set_coordinator`). One mesh node (the Kafka shape) or several (the
+//! group shape) share the broker; each has its own local store.
 //!
 //! What the harness needs and the simulated broker does not say, and how it is learnt:
 //! - where a record landed. Its delivery reports carry no partition or offset (and it
@@ -18,7 +20,13 @@
 //!   progress topic's one partition): the tap reads the progress topic too and reports the
 //!   batch at that record, also when the node died before the broker's answer came back (a
 //!   kill reads the progress topic to its end before the world hears of the crash). A batch
-//!   without checkpoints is durable when `KafkaState::apply` answers. Known gap:
+//!   without checkpoints is durable when `KafkaState::apply` answers.
+//! - which checkpoints count. The progress topic fences at read: a lane's records are keyed
+//!   by the writer's ownership generation, and a reader takes the highest. So the tap keeps,
+//!   per lane, the generations the topic holds (records and deletions, as it reads them),
+//!   and a checkpoint whose record lands below a higher generation of its lane is reported
+//!   *outranked*: durable, never read (`World::persist_durable_outranked`). That is the
+//!   harness's own statement of the fence, not the shell's code. Known gap:
 //!   `KafkaState` writes a batch to two stores (the topics, then the node's local store for
 //!   definitions and rate rules), so a kill between the two leaves its local part lost
 //!   although the world counts the batch durable.
@@ -42,9 +50,12 @@ use unimesh_core::{
 };
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
-    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, StoreAdapter,
+    AppendError, BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
+    StoreAdapter,
 };
 use unimesh_shell::kafka::{decode_message, KafkaLog, KafkaSettings, KafkaState};
+
+use super::coordinator::{Coordinator, Timing};
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded, MemoryDisk, MemoryStore};
 use unimesh_sim::rng::Rng;
@@ -60,6 +71,9 @@ const TAP_IP: [u8; 4] = [10, 0, 9, 2];
 /// polls every few milliseconds, so this is a harness fault, not a slow broker).
 const TAP_WAIT: Duration = Duration::from_secs(30);
 const TAP_POLL: Duration = Duration::from_millis(5);
+/// Longer than a message can be on madsim's network (its latency is 1–10 ms), so what a
+/// killed node had sent has arrived.
+const IN_FLIGHT: Duration = Duration::from_millis(50);
 
 fn broker_addr() -> SocketAddr {
     SocketAddr::from(BROKER)
@@ -68,11 +82,16 @@ fn broker_addr() -> SocketAddr {
 /// The shell's Kafka port on the simulated broker (see the module documentation).
 pub struct KafkaBackend {
     settings: KafkaSettings,
-    /// The local part of the state port (epoch, definitions, rate rules): the node's disk.
-    disk: MemoryDisk,
+    /// The local part of each mesh node's state port (epoch, definitions, rate rules): the
+    /// node's disk.
+    disks: Vec<MemoryDisk>,
     tap: Arc<Tap>,
     tap_node: NodeHandle,
     tap_started: AtomicBool,
+    broker_node: NodeHandle,
+    timing: Timing,
+    /// Made with the world, at the first start of a mesh node.
+    coordinator: OnceLock<Arc<Coordinator>>,
 }
 
 impl KafkaBackend {
@@ -80,16 +99,12 @@ impl KafkaBackend {
     pub fn new(opts: &Options) -> Self {
         let handle = Handle::current();
         let addr = broker_addr();
-        handle
-            .create_node()
-            .name("kafka")
-            .ip(addr.ip())
-            .build()
-            .spawn(async move {
-                if let Err(e) = SimBroker::default().serve(addr).await {
-                    tracing::error!(error = %e, "the simulated broker stopped");
-                }
-            });
+        let broker_node = handle.create_node().name("kafka").ip(addr.ip()).build();
+        broker_node.spawn(async move {
+            if let Err(e) = SimBroker::default().serve(addr).await {
+                tracing::error!(error = %e, "the simulated broker stopped");
+            }
+        });
         let tap_node = handle
             .create_node()
             .name("kafka-tap")
@@ -103,11 +118,35 @@ impl KafkaBackend {
         let tap = Arc::new(Tap::new(&settings, opts.partitions.max(1)));
         Self {
             settings,
-            disk: MemoryDisk::new(),
+            disks: (0..opts.nodes.max(1)).map(|_| MemoryDisk::new()).collect(),
             tap,
             tap_node,
             tap_started: AtomicBool::new(false),
+            broker_node,
+            timing: Timing::of(&opts.cluster),
+            coordinator: OnceLock::new(),
         }
+    }
+
+    /// The run's group coordinator (made, and started on the broker's node, once).
+    fn coordinator(&self, world: &Arc<World>) -> Arc<Coordinator> {
+        self.coordinator
+            .get_or_init(|| {
+                let c = Arc::new(Coordinator::new(
+                    world.clone(),
+                    self.timing,
+                    world.opts.partitions.max(1),
+                    self.settings.group_prefix.clone(),
+                ));
+                c.start(&self.broker_node);
+                let weak = Arc::downgrade(&c);
+                world.set_ownership(Box::new(move |node, group, partition| {
+                    weak.upgrade()
+                        .is_some_and(|c| c.overtaken(node, group, partition))
+                }));
+                c
+            })
+            .clone()
     }
 }
 
@@ -116,21 +155,36 @@ impl Backend for KafkaBackend {
         "kafka"
     }
 
-    fn ports(&self, world: &Arc<World>, _rng: Rng) -> BoxFut<Result<Ports, String>> {
+    fn ports(&self, world: &Arc<World>, node: usize, _rng: Rng) -> BoxFut<Result<Ports, String>> {
         if !self.tap_started.swap(true, AtomicOrdering::Relaxed) {
             self.tap_node.spawn(self.tap.clone().run(world.clone()));
         }
+        // Commits go to the coordinator, which judges them when it takes them; a resume
+        // point is judged by the record it came from, as the tap saw it land.
+        world.fences_at_broker();
+        let weak = Arc::downgrade(&self.tap);
+        world.set_sources(Box::new(move |group, partition, checkpoint| {
+            weak.upgrade()?.source(group, partition, checkpoint)
+        }));
+        let coordinator = self.coordinator(world).for_node(node);
         let (tap, world) = (self.tap.clone(), world.clone());
-        let (settings, disk) = (self.settings.clone(), self.disk.clone());
+        let mut settings = self.settings.clone();
+        if node > 0 {
+            settings.instance = format!("mesh-{node}");
+        }
+        let disk = self.disks.get(node).cloned();
         Box::pin(async move {
+            let disk = disk.ok_or_else(|| format!("no mesh node {node}"))?;
             tap.wait(&world, "the data topic", |t| t.ready).await?;
             let log = KafkaLog::open(settings).await?;
+            log.set_coordinator(coordinator);
             log.spawn_offsets_refresh(Duration::from_millis(200));
             let local = StoreAdapter::new(Box::new(MemoryStore::open(disk)));
             let state: Arc<dyn StatePort> = Arc::new(ReportingState {
                 inner: KafkaState::new(local, log.clone()),
                 tap: tap.clone(),
                 world: world.clone(),
+                node,
             });
             let log: Arc<dyn LogPort> = Arc::new(TappedLog {
                 inner: log,
@@ -141,17 +195,31 @@ impl Backend for KafkaBackend {
         })
     }
 
-    fn killed(&self, world: &Arc<World>) -> BoxFut<()> {
+    fn configure(&self, config: &mut EngineConfig) {
+        // What `serve` does on Kafka: the watermark is committed to the group.
+        config.mesh.commit_to_broker = true;
+    }
+
+    fn killed(&self, world: &Arc<World>, node: usize) -> BoxFut<()> {
         let (tap, world) = (self.tap.clone(), world.clone());
         // On the tap's node: the caller's may have no address to reach the broker from.
         let read = self.tap_node.spawn(async move {
+            // A request the node sent before it died still reaches the broker (the network
+            // delivers what was on the wire): its records land up to the network's latency
+            // after the kill, and are durable all the same.
+            tokio::time::sleep(IN_FLIGHT).await;
             tap.read_progress_to_end(&world).await;
             // What had not reached the broker by now died with the node.
-            tap.lock().pending.clear();
+            tap.lock().pending.remove(&node);
         });
         Box::pin(async move {
             let _ = read.await;
         })
+    }
+
+    fn lose_heartbeats(&self, world: &Arc<World>, node: usize, for_ms: u64) -> bool {
+        self.coordinator(world).lose_heartbeats(node, for_ms);
+        true
     }
 
     fn write_foreign(&self, _world: &Arc<World>, topic: &TopicName, body: Bytes) -> bool {
@@ -175,22 +243,53 @@ struct TapState {
     positions: BTreeMap<String, Vec<(Partition, Offset)>>,
     /// The next offset of the progress topic (one partition) the tap will read.
     progress_next: i64,
-    /// Batches being written, in ticket order, each waiting for its last progress record.
-    pending: VecDeque<Pending>,
-    /// The id of the last batch reported durable (ids count from 1).
-    reported: u64,
-    registered: u64,
+    /// Per mesh node, batches being written, in ticket order, each waiting for its last
+    /// progress record.
+    pending: BTreeMap<usize, VecDeque<Pending>>,
+    /// Per mesh node, the id of the last batch reported durable (ids count from 1).
+    reported: BTreeMap<usize, u64>,
+    /// Per mesh node, the id of the last batch registered.
+    registered: BTreeMap<usize, u64>,
+    /// Per lane (the key's `<group>\n<topic>\n<partition>`) and ownership generation, the
+    /// last records of that key, oldest first (a reader that read the topic a moment ago
+    /// took one of them; a deletion clears them).
+    landed: BTreeMap<String, BTreeMap<Option<i32>, VecDeque<Landed>>>,
+}
+
+/// Records kept per key ([`TapState::landed`]).
+const LANDED_PER_KEY: usize = 8;
+
+/// A progress record the topic holds: its value, and the batch checkpoint that wrote it
+/// (mesh node, batch, position), when the tap knew of the write.
+struct Landed {
+    value: Vec<u8>,
+    writer: Option<(usize, Arc<PersistBatch>, usize)>,
 }
 
 /// A state batch with checkpoints, durable once the broker holds its last progress record.
 struct Pending {
     id: u64,
     batch: Arc<PersistBatch>,
+    /// The lane, generation and value of each checkpoint's record, in batch order.
+    lanes: Vec<(String, Option<i32>, Vec<u8>)>,
     key: Vec<u8>,
     value: Vec<u8>,
     /// The record is at or above this offset of the progress topic (the tap had read
     /// everything below when the batch was registered; earlier writes were reported).
     from: i64,
+}
+
+/// A progress record's key as the lane it is of and the generation it was written under
+/// (the harness's own reading of the key format; `None` for a key of another kind).
+fn lane_of(key: &str) -> Option<(String, Option<i32>)> {
+    match key.matches('\n').count() {
+        2 => Some((key.to_owned(), None)),
+        3 => {
+            let (lane, gen) = key.rsplit_once('\n')?;
+            Some((lane.to_owned(), Some(gen.parse().ok()?)))
+        }
+        _ => None,
+    }
 }
 
 /// The harness's view of the data topic: every record, in offset order per partition.
@@ -301,7 +400,7 @@ impl Tap {
     /// One record of the progress topic, if the reader has one: reports the pending batch
     /// it completes. False when there was nothing to read.
     async fn poll_progress(&self, world: &World) -> bool {
-        if self.lock().registered == 0 {
+        if self.lock().registered.is_empty() {
             return false;
         }
         let mut reader = self.progress.lock().await;
@@ -325,22 +424,66 @@ impl Tap {
         let done = {
             let mut st = self.lock();
             st.progress_next = m.offset() + 1;
-            let completes = st.pending.front().is_some_and(|p| {
-                m.offset() >= p.from
-                    && m.key() == Some(p.key.as_slice())
-                    && m.payload() == Some(p.value.as_slice())
-            });
-            if completes {
-                st.pending.pop_front().map(|p| {
-                    st.reported = p.id;
-                    p.batch
-                })
-            } else {
-                None
+            if let Some((lane, gen)) = m
+                .key()
+                .and_then(|k| std::str::from_utf8(k).ok())
+                .and_then(lane_of)
+            {
+                match m.payload() {
+                    Some(value) => {
+                        // The first batch still being written (any node's, in queue order)
+                        // that writes exactly this record.
+                        let writer = st.pending.iter().find_map(|(&n, q)| {
+                            q.iter().find_map(|p| {
+                                let i = p.lanes.iter().position(|(l, g, v)| {
+                                    *l == lane && *g == gen && v.as_slice() == value
+                                })?;
+                                Some((n, p.batch.clone(), i))
+                            })
+                        });
+                        let kept = st.landed.entry(lane).or_default().entry(gen).or_default();
+                        if kept.len() >= LANDED_PER_KEY {
+                            kept.pop_front();
+                        }
+                        kept.push_back(Landed {
+                            value: value.to_vec(),
+                            writer,
+                        });
+                    }
+                    None => {
+                        if let Some(gens) = st.landed.get_mut(&lane) {
+                            gens.remove(&gen);
+                        }
+                    }
+                }
             }
+            let completes = st.pending.iter().find_map(|(&node, q)| {
+                q.front()
+                    .is_some_and(|p| {
+                        m.offset() >= p.from
+                            && m.key() == Some(p.key.as_slice())
+                            && m.payload() == Some(p.value.as_slice())
+                    })
+                    .then_some(node)
+            });
+            completes.and_then(|node| {
+                let p = st.pending.get_mut(&node)?.pop_front()?;
+                st.reported.insert(node, p.id);
+                let outranked: Vec<bool> = p
+                    .lanes
+                    .iter()
+                    .map(|(lane, gen, _)| {
+                        st.landed
+                            .get(lane)
+                            .and_then(|g| g.keys().next_back())
+                            .is_some_and(|top| top > gen)
+                    })
+                    .collect();
+                Some((node, p.batch, outranked))
+            })
         };
-        if let Some(batch) = done {
-            world.persist_durable(&batch);
+        if let Some((node, batch, outranked)) = done {
+            world.persist_durable_outranked(node, &batch, &outranked);
             self.changed.notify_waiters();
         }
         true
@@ -348,7 +491,7 @@ impl Tap {
 
     /// Reads the progress topic to its end, reporting every batch that became durable.
     async fn read_progress_to_end(&self, world: &World) {
-        if self.lock().registered == 0 {
+        if self.lock().registered.is_empty() {
             return;
         }
         let hi = match self.config().create::<BaseConsumer>().await {
@@ -374,15 +517,26 @@ impl Tap {
         }
     }
 
-    /// Registers a batch with checkpoints being written; its id, to wait for.
-    fn register(&self, batch: Arc<PersistBatch>, key: String, value: Vec<u8>) -> u64 {
+    /// Registers a batch with checkpoints being written by mesh node `node`, with the
+    /// lane and generation of each checkpoint's record and the key and value of the last;
+    /// its id, to wait for.
+    fn register(
+        &self,
+        node: usize,
+        batch: Arc<PersistBatch>,
+        lanes: Vec<(String, Option<i32>, Vec<u8>)>,
+        key: String,
+        value: Vec<u8>,
+    ) -> u64 {
         let mut st = self.lock();
-        st.registered += 1;
-        let id = st.registered;
+        let registered = st.registered.entry(node).or_insert(0);
+        *registered += 1;
+        let id = *registered;
         let from = st.progress_next;
-        st.pending.push_back(Pending {
+        st.pending.entry(node).or_default().push_back(Pending {
             id,
             batch,
+            lanes,
             key: key.into_bytes(),
             value,
             from,
@@ -390,9 +544,36 @@ impl Tap {
         id
     }
 
-    /// Forgets a batch whose write failed (what of it reached the broker is not reported).
-    fn unregister(&self, id: u64) {
-        self.lock().pending.retain(|p| p.id != id);
+    /// The batch checkpoint that wrote the record a reader of `partition` of `group` took
+    /// when it resumed from `checkpoint`: of the lane's records with that value, the one of
+    /// the highest generation (a reader takes the highest); `None` when the topic holds no
+    /// such record, or the tap did not know of its write.
+    fn source(
+        &self,
+        group: &GroupName,
+        partition: Partition,
+        checkpoint: &unimesh_core::Checkpoint,
+    ) -> Option<(usize, Arc<PersistBatch>, usize)> {
+        let lane = format!("{group}\n{}\n{partition}", self.topic);
+        let st = self.lock();
+        st.landed
+            .get(&lane)?
+            .values()
+            .rev()
+            .flat_map(|kept| kept.iter().rev())
+            .find_map(|l| {
+                (unimesh_core::Checkpoint::decode(&l.value).ok().as_ref() == Some(checkpoint))
+                    .then(|| l.writer.clone())
+                    .flatten()
+            })
+    }
+
+    /// Forgets a batch of mesh node `node` whose write failed (what of it reached the
+    /// broker is not reported).
+    fn unregister(&self, node: usize, id: u64) {
+        if let Some(q) = self.lock().pending.get_mut(&node) {
+            q.retain(|p| p.id != id);
+        }
     }
 
     /// One record of the data topic, reported in offset order.
@@ -550,7 +731,22 @@ impl LogPort for TappedLog {
     }
 
     fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
-        self.inner.attach(events)
+        // An assignment reaches the engine once the tap has read the progress topic as far
+        // as the consumer did (to its end now), so the world knows the record each lane
+        // resumes from when the engine takes it.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1_024);
+        self.inner.attach(tx);
+        let (tap, world) = (self.tap.clone(), self.world.clone());
+        tokio::spawn(async move {
+            while let Some(event) = rx.recv().await {
+                if matches!(event, GroupEvent::Assigned { .. }) {
+                    tap.read_progress_to_end(&world).await;
+                }
+                if events.send(event).await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
@@ -574,12 +770,13 @@ impl LogPort for TappedLog {
     }
 }
 
-/// The Kafka state port, with each batch reported durable when it is (see the module
-/// documentation).
+/// The Kafka state port of mesh node `node`, with each batch reported durable when it is
+/// (see the module documentation).
 struct ReportingState {
     inner: KafkaState,
     tap: Arc<Tap>,
     world: Arc<World>,
+    node: usize,
 }
 
 impl StatePort for ReportingState {
@@ -588,26 +785,42 @@ impl StatePort for ReportingState {
     }
 
     fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
-        let last = batch
+        // The record of each checkpoint, as the port writes it now (a lane not owned here
+        // fences the whole batch, which then writes nothing).
+        let records: Option<Vec<(String, Vec<u8>)>> = batch
             .checkpoints
-            .last()
-            .and_then(|lane| self.inner.progress_record(lane).ok());
-        let registered = last.map(|(key, value, _)| self.tap.register(batch.clone(), key, value));
+            .iter()
+            .map(|lane| {
+                self.inner
+                    .progress_record(lane)
+                    .ok()
+                    .map(|(k, v, _)| (k, v))
+            })
+            .collect();
+        let node = self.node;
+        let registered = records.and_then(|records| {
+            let lanes = records
+                .iter()
+                .filter_map(|(k, v)| lane_of(k).map(|(lane, gen)| (lane, gen, v.clone())))
+                .collect();
+            let (key, value) = records.last()?.clone();
+            Some(self.tap.register(node, batch.clone(), lanes, key, value))
+        });
         let write = self.inner.apply(batch.clone(), now_wall_ms);
         let (tap, world) = (self.tap.clone(), self.world.clone());
         Box::pin(async move {
             let written = write.await;
             let Some(id) = registered else {
                 written?;
-                world.persist_durable(&batch);
+                world.persist_durable(node, &batch);
                 return Ok(());
             };
             if let Err(e) = written {
-                tap.unregister(id);
+                tap.unregister(node, id);
                 return Err(e);
             }
             tap.wait(&world, "a batch's last progress record", |t| {
-                t.reported >= id
+                t.reported.get(&node).is_some_and(|&r| r >= id)
             })
             .await
         })

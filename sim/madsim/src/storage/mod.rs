@@ -17,8 +17,10 @@
 //! own there (a broker).
 //! [`MemoryBackend`] is the embedded-log shape: the log and the state store on the node's
 //! disk. [`KafkaBackend`] is the shell's Kafka port against madsim-rdkafka's simulated
-//! broker on a node of its own (see `kafka`).
+//! broker on a node of its own, with the harness's group coordinator (see `kafka`,
+//! `coordinator`), for one mesh node or several.
 
+mod coordinator;
 mod faulty;
 mod kafka;
 mod log;
@@ -43,9 +45,10 @@ use crate::world::World;
 pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
-    /// The ports of one incarnation, built on the node at every start (a broker's clients
-    /// connect first). `rng` is the incarnation's own (drawn from the seed).
-    fn ports(&self, world: &Arc<World>, rng: Rng) -> BoxFut<Result<Ports, String>>;
+    /// The ports of one incarnation of mesh node `node`, built on the node at every start
+    /// (a broker's clients connect first). `rng` is the incarnation's own (drawn from the
+    /// seed).
+    fn ports(&self, world: &Arc<World>, node: usize, rng: Rng) -> BoxFut<Result<Ports, String>>;
 
     /// Adjusts the engine's configuration to the broker (a broker that keeps group
     /// offsets wants `mesh.commit_to_broker`, whose `Commit` effects the checker judges).
@@ -53,12 +56,20 @@ pub trait Backend: Send + Sync + 'static {
         let _ = config;
     }
 
-    /// The node was just killed: report what became durable before the kill and was not
-    /// reported yet (a broker on its own node that answers after a delay). The world hears
-    /// of the crash after this.
-    fn killed(&self, world: &Arc<World>) -> BoxFut<()> {
-        let _ = world;
+    /// Mesh node `node` was just killed: report what became durable before the kill and
+    /// was not reported yet (a broker on its own node that answers after a delay). The
+    /// world hears of the crash after this.
+    fn killed(&self, world: &Arc<World>, node: usize) -> BoxFut<()> {
+        let _ = (world, node);
         Box::pin(std::future::ready(()))
+    }
+
+    /// Loses the heartbeats of mesh node `node` to the group coordinator for `for_ms`
+    /// (while faults last), if the broker has one: the node runs on, and once its session
+    /// expired it is a zombie until a heartbeat gets through. False when it has none.
+    fn lose_heartbeats(&self, world: &Arc<World>, node: usize, for_ms: u64) -> bool {
+        let _ = (world, node, for_ms);
+        false
     }
 
     /// Writes a record to the broker from outside the mesh (bytes that need not decode as
@@ -93,9 +104,9 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    fn ports(&self, world: &Arc<World>, rng: Rng) -> BoxFut<Result<Ports, String>> {
+    fn ports(&self, world: &Arc<World>, node: usize, rng: Rng) -> BoxFut<Result<Ports, String>> {
         let log: Arc<dyn LogPort> = Arc::new(SimLog::new(self.log.clone(), world.clone(), rng));
-        let store = ReportingStore::new(MemoryStore::open(self.disk.clone()), world.clone());
+        let store = ReportingStore::new(MemoryStore::open(self.disk.clone()), world.clone(), node);
         let state: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(Box::new(store)));
         Box::pin(std::future::ready(Ok((log, state))))
     }

@@ -10,15 +10,16 @@ use unimesh_shell::state::{DlqEntry, Loaded, MemoryStore, StateStore, StoreError
 
 use crate::world::World;
 
-/// A [`StateStore`] that reports every commit to the world.
+/// A [`StateStore`] of mesh node `node` that reports every commit to the world.
 pub struct ReportingStore {
     inner: MemoryStore,
     world: Arc<World>,
+    node: usize,
 }
 
 impl ReportingStore {
-    pub fn new(inner: MemoryStore, world: Arc<World>) -> Self {
-        Self { inner, world }
+    pub fn new(inner: MemoryStore, world: Arc<World>, node: usize) -> Self {
+        Self { inner, world, node }
     }
 }
 
@@ -30,7 +31,7 @@ impl StateStore for ReportingStore {
     fn apply(&mut self, batch: &PersistBatch, now_wall_ms: u64) -> Result<(), StoreError> {
         let r = self.inner.apply(batch, now_wall_ms);
         if r.is_ok() {
-            self.world.persist_durable(batch);
+            self.world.persist_durable(self.node, batch);
         }
         r
     }
