@@ -46,30 +46,68 @@ pub fn delivery_event_json(
     partition: u32,
     offset: u64,
 ) -> Result<Box<RawValue>, DecodeError> {
-    let text = std::str::from_utf8(stored)
-        .map_err(|e| DecodeError::new(format!("stored event is not UTF-8: {e}")))?;
-    let body = text.trim_start_matches(JSON_WS);
-    if let Some(rest) = body.strip_prefix('{') {
-        let may_hold_member = memchr::memmem::find(stored, b"\"emmq").is_some()
-            || memchr::memmem::find(stored, b"\\u").is_some();
-        if !may_hold_member {
-            let mut out = String::with_capacity(text.len() + 64);
-            // Writing to a String cannot fail.
-            let _ = write!(
-                out,
-                "{{\"{PARTITION_EXTENSION}\":\"{partition}\",\"{OFFSET_EXTENSION}\":\"{offset}\""
-            );
-            if !rest.trim_start_matches(JSON_WS).starts_with('}') {
-                out.push(',');
-            }
-            out.push_str(rest);
-            // Validation is what makes the splice safe: a stored record that is not one
-            // complete JSON object fails here instead of producing broken output.
-            if let Ok(raw) = RawValue::from_string(out) {
-                return Ok(raw);
-            }
+    if let Some(out) = splice(stored, partition, offset) {
+        // Validation is what makes the splice safe: a stored record that is not one
+        // complete JSON object fails here instead of producing broken output.
+        if let Ok(raw) = RawValue::from_string(out) {
+            return Ok(raw);
         }
     }
+    parsed_delivery_event_json(stored, partition, offset)
+}
+
+/// [`delivery_event_json`] as text, for stored bytes already known to be one complete JSON
+/// object: those of a record whose routing attributes decoded (`decode_stored` read every
+/// byte of it, data included, and refused trailing text). The splice is not checked again —
+/// that check was a second parse of every delivered event. Where the splice cannot be taken
+/// (the event may already hold `emmq*` members), the members are replaced as in
+/// [`delivery_event_json`].
+pub fn delivery_event_json_decoded(
+    stored: &[u8],
+    partition: u32,
+    offset: u64,
+) -> Result<String, DecodeError> {
+    match splice(stored, partition, offset) {
+        Some(out) => Ok(out),
+        None => {
+            parsed_delivery_event_json(stored, partition, offset).map(|raw| raw.get().to_owned())
+        }
+    }
+}
+
+/// The fast path of [`delivery_event_json`]: the two members written after the opening
+/// brace of the stored object, with no parse tree; `None` when the stored bytes are not
+/// UTF-8 text of an object or could already hold either member at the top level (an
+/// `"emmq` or a `\u` escape that could spell it). Not checked: see the callers.
+fn splice(stored: &[u8], partition: u32, offset: u64) -> Option<String> {
+    let text = std::str::from_utf8(stored).ok()?;
+    let rest = text.trim_start_matches(JSON_WS).strip_prefix('{')?;
+    if memchr::memmem::find(stored, b"\"emmq").is_some()
+        || memchr::memmem::find(stored, b"\\u").is_some()
+    {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 64);
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "{{\"{PARTITION_EXTENSION}\":\"{partition}\",\"{OFFSET_EXTENSION}\":\"{offset}\""
+    );
+    if !rest.trim_start_matches(JSON_WS).starts_with('}') {
+        out.push(',');
+    }
+    // Trailing whitespace goes, as in a `RawValue`.
+    out.push_str(rest.trim_end_matches(JSON_WS));
+    Some(out)
+}
+
+/// The slow path of [`delivery_event_json`]: the stored object parsed, the two members
+/// replaced, written again.
+fn parsed_delivery_event_json(
+    stored: &[u8],
+    partition: u32,
+    offset: u64,
+) -> Result<Box<RawValue>, DecodeError> {
     let mut map: Map<String, Value> = serde_json::from_slice(stored)
         .map_err(|e| DecodeError::new(format!("stored event is not a JSON object: {e}")))?;
     map.insert(

@@ -28,7 +28,8 @@ mod stored;
 pub use attrs::{EXTENSION_NAME_MAX, RESERVED_EXTENSIONS};
 pub use cloudevents::Event;
 pub use delivery::{
-    delivery_event_json, to_binary_request_parts, OFFSET_EXTENSION, PARTITION_EXTENSION,
+    delivery_event_json, delivery_event_json_decoded, to_binary_request_parts, OFFSET_EXTENSION,
+    PARTITION_EXTENSION,
 };
 pub use error::{DecodeError, Field, PublishError, PublishErrorKind};
 pub use kafka::{from_kafka, to_kafka, KafkaRecord, KAFKA_HEADER_PREFIX};
