@@ -98,6 +98,16 @@ fn find_or_build() -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build.args(BUILD_ARGS).arg("--manifest-path").arg(&manifest);
+    // Cargo runs a test with the test package's own variables (CARGO_PKG_NAME,
+    // CARGO_MANIFEST_DIR, ...). Build scripts that watch those names (ring's does) would see
+    // them change between this build and the outer `cargo test`, and each would rebuild
+    // ring, rustls, jsonwebtoken and the shell for the other: the build runs without them.
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if is_test_package_variable(name) {
+            build.env_remove(name);
+        }
+    }
     if release {
         build.arg("--release");
     }
@@ -129,6 +139,23 @@ fn find_or_build() -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// A variable cargo sets for the test binary it runs, describing the test package (not one
+/// that configures cargo, such as `CARGO_TARGET_DIR` or `CARGO_HOME`).
+fn is_test_package_variable(name: &str) -> bool {
+    [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+        || matches!(
+            name,
+            "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR" | "CARGO_RUSTC_CURRENT_DIR"
+        )
+}
+
 /// The executable of the binary target `name` among cargo's JSON messages.
 fn built_executable(messages: &str, name: &str) -> Option<PathBuf> {
     messages
@@ -158,10 +185,14 @@ fn own_target_dir() -> Option<PathBuf> {
 /// Whether the running test (or example) binary was built in the release profile: its path
 /// is `<target>/release/deps/<name>` (tests) or `<target>/release/examples/<name>`.
 pub fn built_as_release() -> bool {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent()?.parent()?.file_name().map(|n| n == "release"))
-        .unwrap_or(false)
+    // A test binary is `<profile>/deps/<name>`, a binary or example `<profile>/<name>` or
+    // `<profile>/examples/<name>`.
+    std::env::current_exe().ok().is_some_and(|exe| {
+        exe.ancestors()
+            .skip(1)
+            .take(2)
+            .any(|d| d.file_name().is_some_and(|n| n == "release"))
+    })
 }
 
 // ----- HTTP -----
