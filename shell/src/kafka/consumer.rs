@@ -23,6 +23,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use madsim_rdkafka::client::{ClientContext, NativeClient};
+use madsim_rdkafka::config::RDKafkaLogLevel;
 use madsim_rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol,
 };
@@ -34,6 +35,7 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Assignment, Checkpoint, GroupName, Offset, Partition, Record, TopicName};
 
+use super::client_log;
 use super::epochs::{divergence, evident_end, known_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
 use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
@@ -337,7 +339,20 @@ pub(super) struct GroupContext {
     anomalies: Mutex<BTreeMap<Partition, Refuted>>,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        client_log::emit(&format!("group {}", self.group), level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        client_log::emit(
+            &format!("group {}", self.group),
+            RDKafkaLogLevel::Error,
+            "ERROR",
+            &format!("{error}: {reason}"),
+        );
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn rebalance(&self, _native: &NativeClient, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {

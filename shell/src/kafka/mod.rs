@@ -31,6 +31,7 @@
 
 #[cfg(madsim)]
 mod assigned;
+mod client_log;
 #[cfg(not(madsim))]
 mod consumer;
 mod dlq;
