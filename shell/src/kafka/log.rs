@@ -46,6 +46,8 @@ pub struct KafkaCounters {
     pub progress_read_retries: AtomicU64,
     /// Producers built anew because the one in use was in a fatal state.
     pub client_rebuilds: AtomicU64,
+    /// Group requests sent to a coordinator whose rebalance seemed stuck (`nudge.rs`).
+    pub group_nudges: AtomicU64,
 }
 
 /// The shared producer, replaceable: librdkafka's idempotent producer can enter a fatal
@@ -1060,6 +1062,7 @@ impl LogPort for KafkaLog {
                 progress_read_retries: c.progress_read_retries.load(Ordering::Relaxed),
                 broker_up: lock(&self.inner.health.unreachable).is_none(),
                 client_rebuilds: c.client_rebuilds.load(Ordering::Relaxed),
+                group_nudges: c.group_nudges.load(Ordering::Relaxed),
             }),
         })
     }

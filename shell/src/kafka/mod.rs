@@ -37,6 +37,8 @@ mod consumer;
 mod dlq;
 mod epochs;
 mod log;
+#[cfg(not(madsim))]
+mod nudge;
 mod progress;
 mod properties;
 mod records;
