@@ -30,6 +30,7 @@ pub mod sse;
 pub use serde_json::{json, Value};
 
 pub mod kafka;
+pub mod pair;
 pub mod pki;
 pub mod proxy;
 
