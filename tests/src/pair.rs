@@ -223,13 +223,13 @@ impl Book {
         while self.published(prefix) < publish || self.acked.len() < target {
             let next = self.published(prefix);
             if next < publish {
-                let through = if rounds % 2 == 0 { victim.0 } else { other.0 };
+                let through = if rounds.is_multiple_of(2) { victim.0 } else { other.0 };
                 self.publish(through, prefix, next, BATCH.min(publish - next));
             }
             self.poll_and_ack(victim.0, victim.1);
             self.poll_and_ack(other.0, other.1);
             rounds += 1;
-            if rounds % 3 == 0 {
+            if rounds.is_multiple_of(3) {
                 self.barrier(victim.0, victim.1);
             }
             assert!(rounds < 2_000, "{prefix}: no progress in the load");
