@@ -855,8 +855,8 @@ fn nudge_or_settle(ctx: &GroupContext, verdict: Verdict) {
             if let Some(nudger) = slot.as_ref() {
                 let mut tpl = TopicPartitionList::new();
                 let _ = tpl.add_partition_offset(nudge::NUDGE_TOPIC, 0, KOffset::Offset(0));
-                // Refused by the broker (the topic does not exist); only the request
-                // matters. Its answer is drained by the poll, unread.
+                // Only the request matters (`nudge.rs`); its answer, a refusal, is
+                // drained by the poll unread.
                 let _ = run_now(nudger.commit(&tpl, CommitMode::Async));
                 let _ = nudger.poll(Duration::ZERO);
                 ctx.log

@@ -23,11 +23,11 @@
 //! second); while it waits on the broker ([`WAITING_ON_BROKER`]) for longer than
 //! [`stuck_after`] without being steady in between, a second client with the same
 //! `group.id`, never subscribed, commits offset 0 of partition 0 of [`NUDGE_TOPIC`] (a
-//! topic that does not exist) once a second until the consumer is steady again. The commit
-//! itself is refused on every broker (an unknown topic; a member-less commit to a group
-//! with members); only the request matters. On a broker without the fault a long rebalance
-//! costs one refused request a second and nothing else; counted in
-//! `unimesh_kafka_group_nudges_total`.
+//! topic that does not exist) once a second until the consumer is steady again. Only the
+//! request matters: tansu refuses the commit (unknown topic), Apache Kafka refuses a
+//! member-less commit to a group with members, and a broker that took it would hold an
+//! offset of a topic no one reads. On a broker without the fault a long rebalance costs a
+//! request a second and nothing else; counted in `unimesh_kafka_group_nudges_total`.
 
 use std::time::{Duration, Instant};
 
