@@ -95,6 +95,9 @@ pub struct BrokerMetrics {
     pub broker_up: bool,
     /// Clients built anew because the one in use was in a fatal state.
     pub client_rebuilds: u64,
+    /// Group requests sent to a coordinator whose rebalance seemed stuck (a broker that
+    /// keeps a dead member as the group's leader; DESIGN §8).
+    pub group_nudges: u64,
 }
 
 /// What the engine learns of a topic before a group reads it ([`LogPort::prepare_topic`]).

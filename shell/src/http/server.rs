@@ -89,6 +89,41 @@ impl Server {
 
     /// Serves until `stop` resolves, then stops accepting and returns the open connections.
     pub async fn run(self, app: Arc<App>, stop: impl Future<Output = ()>) -> Draining {
+        let traffic = router(Listener::Traffic, app.clone());
+        let admin = router(Listener::Admin, app);
+        self.serve(traffic, admin, stop).await
+    }
+
+    /// Before there is an application to serve (storage still waiting for its broker):
+    /// answers every request on both listeners 503 `unavailable` with `why()` until `stop`
+    /// resolves, so `/admin/health` and `/admin/ready` say what is wrong meanwhile. The
+    /// connections still open are handed back, to be finished before [`Server::run`].
+    pub async fn run_unavailable(
+        &self,
+        why: Arc<dyn Fn() -> String + Send + Sync>,
+        stop: impl Future<Output = ()>,
+    ) -> Draining {
+        let answer = move || {
+            let why = why();
+            async move {
+                super::error::ApiError::new(
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    super::error::code::UNAVAILABLE,
+                    format!("unhealthy: {why}"),
+                )
+            }
+        };
+        let unavailable = axum::Router::new().fallback(answer);
+        self.serve(unavailable.clone(), unavailable, stop).await
+    }
+
+    /// Serves `traffic` and `admin` on their listeners until `stop` resolves.
+    async fn serve(
+        &self,
+        traffic_router: axum::Router,
+        admin_router: axum::Router,
+        stop: impl Future<Output = ()>,
+    ) -> Draining {
         let graceful = GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
@@ -97,8 +132,6 @@ impl Server {
             .header_read_timeout(Duration::from_millis(self.settings.header_read_timeout_ms));
         let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections));
         let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections));
-        let traffic_router = router(Listener::Traffic, app.clone());
-        let admin_router = router(Listener::Admin, app.clone());
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {

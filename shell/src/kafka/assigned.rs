@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use madsim_rdkafka::consumer::BaseConsumer;
+use super::client_log::{ClientLog, LoggedConsumer};
 use madsim_rdkafka::{Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use tokio::sync::mpsc;
@@ -59,7 +59,7 @@ struct Shared {
 /// What one partition's fetches read through.
 struct Reader {
     /// None until the first fetch, and after a reposition that could not create one.
-    consumer: Option<BaseConsumer>,
+    consumer: Option<LoggedConsumer>,
     /// Every record at or above `next` is still to come from `consumer` (or is `peeked`).
     next: Offset,
     /// A record taken from the consumer that did not fit the last answer.
@@ -320,8 +320,8 @@ impl Shared {
         config
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "error");
-        let consumer: BaseConsumer = config
-            .create()
+        let consumer: LoggedConsumer = config
+            .create_with_context(ClientLog::new(format!("reader of {}", self.topic)))
             .await
             .map_err(|e| format!("cannot create a reader of {}/{partition}: {e}", self.topic))?;
         let mut tpl = TopicPartitionList::new();

@@ -31,11 +31,14 @@
 
 #[cfg(madsim)]
 mod assigned;
+mod client_log;
 #[cfg(not(madsim))]
 mod consumer;
 mod dlq;
 mod epochs;
 mod log;
+#[cfg(not(madsim))]
+mod nudge;
 mod progress;
 mod properties;
 mod records;
