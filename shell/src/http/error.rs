@@ -51,7 +51,8 @@ pub struct ErrorBody {
     /// `invalid-request`, `invalid-subscription`, `invalid-cloudevent`, `not-found`,
     /// `method-not-allowed`, `unknown-group`, `unknown-topic`, `conflict`, `limit`,
     /// `rate-limited`, `too-large`, `unsupported-media-type`, `request-timeout`,
-    /// `unavailable`, `internal`, `unauthorized`, `forbidden`, `origin-not-allowed`, ...
+    /// `unavailable`, `internal`, `unauthorized`, `forbidden`, `origin-not-allowed`,
+    /// `tls-required` (plain HTTP sent to a TLS listener), ...
     pub error: String,
     /// What was wrong, naming the field, header, parameter or limit.
     pub message: String,

@@ -128,11 +128,14 @@ impl Server {
             let watcher = graceful.watcher();
             #[cfg(not(madsim))]
             let tls = self.tls.clone();
+            #[cfg(not(madsim))]
+            let app = app.clone();
             let timeout = Duration::from_millis(self.settings.header_read_timeout_ms);
             tokio::spawn(async move {
                 #[cfg(not(madsim))]
                 if let Some(tls) = tls {
-                    if let Some((io, identity)) = handshake(&tls, stream, peer, timeout).await {
+                    if let Some((io, identity)) = handshake(&tls, &app, stream, peer, timeout).await
+                    {
                         serve(
                             &builder,
                             watcher,
@@ -194,10 +197,14 @@ async fn serve(
 
 /// The TLS handshake of an accepted connection, within `timeout`, and the identity its
 /// client certificate names. A client speaking plain HTTP (its first byte is not a TLS
-/// handshake record) gets a plain 400 naming the problem, then the connection closes.
+/// handshake record) gets a plain 400 naming the problem, then the connection closes. A
+/// client certificate refused (none under `require`, another CA's, expired, not valid
+/// yet) is logged with the peer and rustls' reason and counted as
+/// `unimesh_auth_refused_total{reason="certificate"}`; the client gets the TLS alert.
 #[cfg(not(madsim))]
 async fn handshake(
     tls: &Tls,
+    app: &App,
     stream: TcpStream,
     peer: SocketAddr,
     timeout: Duration,
@@ -216,13 +223,26 @@ async fn handshake(
         }
         _ => return None,
     }
-    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+    let accept = tls.acceptor().accept(stream).into_fallible();
+    match tokio::time::timeout(timeout, accept).await {
         Ok(Ok(io)) => {
             let identity = super::tls::peer_identity(io.get_ref().1).map(PeerIdentity);
             Some((io, identity))
         }
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        Ok(Err((e, stream))) => {
+            match super::tls::refused_client_certificate(&e) {
+                Some(why) => {
+                    tracing::info!(
+                        %peer,
+                        reason = super::auth::CERTIFICATE_REFUSED,
+                        message = %why,
+                        "client certificate refused"
+                    );
+                    app.metrics.auth_refused(super::auth::CERTIFICATE_REFUSED);
+                }
+                None => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            }
+            close_after_alert(stream, timeout).await;
             None
         }
         Err(_) => {
@@ -230,6 +250,31 @@ async fn handshake(
             None
         }
     }
+}
+
+/// Closes a connection whose handshake failed, so that the client reads the TLS alert
+/// that says why (`certificate required`, `certificate expired`, `unknown ca`). The
+/// alert is out already; closing a socket with input still unread sends a reset instead
+/// of a FIN, and a reset makes the client drop what it had not read yet — with TLS 1.3 a
+/// client has sent its request by the time the server refuses its certificate, and Python
+/// `requests` saw a bare EOF in most runs. So the write side is shut (a FIN after the
+/// alert) and what the client still sends is read and dropped until it closes, up to
+/// 64 KiB and 5 s (or `server.header_read_timeout_ms` when shorter).
+#[cfg(not(madsim))]
+async fn close_after_alert(mut stream: TcpStream, timeout: Duration) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout.min(Duration::from_secs(5)), drain).await;
 }
 
 /// Answers a plain-HTTP request on a TLS port: reads its head (so closing does not reset

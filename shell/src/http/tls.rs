@@ -94,6 +94,19 @@ pub fn peer_identity(conn: &ServerConnection) -> Option<String> {
         .or_else(|| cert.valid_dns_names().next().map(str::to_owned))
 }
 
+/// Why the client's certificate was refused, when that is why a handshake failed: none
+/// sent where one is required, or one that does not verify (another CA's, expired, not
+/// valid yet, not for client authentication). tokio-rustls hands rustls' error out inside
+/// the I/O error.
+pub fn refused_client_certificate(e: &std::io::Error) -> Option<&rustls::Error> {
+    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    matches!(
+        tls,
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+    )
+    .then_some(tls)
+}
+
 /// commonName (X.520, 2.5.4.3).
 const COMMON_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
 
