@@ -1,7 +1,7 @@
 //! TLS and client certificates (issue 19), against the real binary with real clients: a
 //! test CA made by `openssl`, `curl` for HTTPS (HTTP/1.1 and HTTP/2), Python `requests`
-//! (`tests/python/tls_requests.py`), `openssl s_client` for the certificate served.
-//! Checked: publish and poll over TLS on both HTTP
+//! (`tests/python/tls_requests.py`), `openssl s_client` for the certificate served, and
+//! the binary's own client subcommands. Checked: publish and poll over TLS on both HTTP
 //! versions; a client trusting another CA refuses the server; plain HTTP to a TLS port
 //! gets a 400 naming the problem; an expired server certificate is refused by curl and
 //! requests; mTLS required (no certificate, another CA's certificate, an expired one: no
@@ -9,7 +9,7 @@
 //! from curl and from requests, one whose CN has none is 403) and optional (a token
 //! without a certificate; a certificate without a token); SIGHUP reload with an SSE
 //! stream and a long-poll open across it, a new connection seeing the new certificate,
-//! and a failed reload keeping the old one.
+//! and a failed reload keeping the old one; the CLI over HTTPS with `--cacert`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -106,13 +106,17 @@ fn poll_ids(s: &Server, args: &[String], version: &str, group: &str, n: usize) -
     ids
 }
 
-/// Goal: both listeners speak TLS with the configured certificate, HTTP/1.1 and HTTP/2
-/// by ALPN, and nothing else gets through. Method: curl with the test CA publishes and
-/// polls on each version (the version curl reports is checked); curl trusting another
-/// CA fails verification; curl sending plain HTTP to the TLS port gets 400
-/// `tls-required`.
-#[test]
-fn tls_serves_http1_and_http2_and_refuses_a_wrong_ca_and_plain_http() {
+/// A TLS server (no client certificates) of a fresh PKI: `ca` signed its certificate,
+/// `other` is a CA it does not know, `args` are curl's arguments trusting `ca`.
+struct Served {
+    pki: Pki,
+    ca: Issued,
+    other: Issued,
+    args: Vec<String>,
+    s: Server,
+}
+
+fn served() -> Served {
     let pki = Pki::new();
     let ca = pki.ca("ca");
     let other = pki.ca("other");
@@ -120,6 +124,30 @@ fn tls_serves_http1_and_http2_and_refuses_a_wrong_ca_and_plain_http() {
     let args = trust(&ca, None);
     let probe: Vec<&str> = args.iter().map(String::as_str).collect();
     let s = Server::start(Options::new().toml(&tls_toml(&cert, "")).tls_probe(&probe));
+    Served {
+        pki,
+        ca,
+        other,
+        args,
+        s,
+    }
+}
+
+/// Goal: both listeners speak TLS with the configured certificate, HTTP/1.1 and HTTP/2
+/// by ALPN, and nothing else gets through. Method: curl with the test CA publishes and
+/// polls on each version (the version curl reports is checked); curl trusting another
+/// CA fails verification; curl sending plain HTTP to the TLS port gets 400
+/// `tls-required`.
+#[test]
+fn tls_serves_http1_and_http2_and_refuses_a_wrong_ca_and_plain_http() {
+    // `_pki` keeps the certificates' directory until the end.
+    let Served {
+        pki: _pki,
+        other,
+        args,
+        s,
+        ..
+    } = served();
     assert!(s.http_url("/").starts_with("https://"));
 
     subscribe(&s, &args, "g", "t");
@@ -648,4 +676,101 @@ fn bad_tls_files_are_named_at_start() {
         };
         assert!(line.contains(&file.display().to_string()), "{line}");
     }
+}
+
+/// Runs the binary as a client with only the given `UNIMESH_*` variables.
+fn cli(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(unimesh_tests::unimesh_bin());
+    cmd.args(args).stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("UNIMESH_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().expect("run unimesh")
+}
+
+/// Goal: the command line speaks HTTPS to a TLS listener whose certificate comes from a
+/// private CA named by `--cacert` (or `UNIMESH_CACERT`), and refuses a server it cannot
+/// verify with one line saying why. Method: the real binary against a TLS server: `publish`
+/// with `--cacert` (exit 0), `groups --json` on the admin listener with `UNIMESH_CACERT`,
+/// `subscribe --max 1` over SSE; without a CA (the system's do not know the test CA) and
+/// with another CA: exit 3, the line names TLS, the certificate and `--cacert`, and nothing
+/// was published; a `--cacert` file that is missing or holds no certificate: exit 2 naming
+/// it.
+#[test]
+fn the_cli_speaks_https_with_a_private_ca() {
+    let Served {
+        pki,
+        ca,
+        other,
+        args,
+        s,
+    } = served();
+    subscribe(&s, &args, "g", "t");
+    let server = s.http_url("");
+    let admin = s.admin_url("");
+    let ca_path = ca.cert.display().to_string();
+    let other_path = other.cert.display().to_string();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+
+    let publish_one = |id: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut a = vec![
+            "publish", "t", "--type", "t", "--id", id, "--data", "{}", "--server", &server,
+        ];
+        a.extend_from_slice(extra);
+        cli(&a, env)
+    };
+    let out = publish_one("cli-1", &["--cacert", &ca_path], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("published cli-1"), "{out:?}");
+
+    let out = cli(
+        &["groups", "--json", "--admin", &admin],
+        &[("UNIMESH_CACERT", &ca_path)],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let groups: Value = serde_json::from_slice(&out.stdout).expect("groups --json is JSON");
+    assert!(groups.to_string().contains("\"g\""), "{groups}");
+
+    let out = cli(
+        &["subscribe", "g", "--max", "1", "--server", &server],
+        &[("UNIMESH_CACERT", &ca_path), ("UNIMESH_ADMIN_URL", &admin)],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("cli-1"), "{out:?}");
+
+    // A server the client cannot verify: refused before anything is sent.
+    for (what, extra) in [
+        ("no CA given", vec![]),
+        ("another CA", vec!["--cacert", other_path.as_str()]),
+    ] {
+        let out = publish_one("never", &extra, &[]);
+        assert_eq!(out.status.code(), Some(3), "{what}: {out:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("TLS") && err.contains("certificate") && err.contains("--cacert"),
+            "{what}: {err}"
+        );
+    }
+    // A CA file that cannot be used: a usage error naming it.
+    let empty = pki.path("empty.pem");
+    std::fs::write(&empty, "nothing\n").expect("write");
+    let missing = pki.path("missing.pem").display().to_string();
+    let empty = empty.display().to_string();
+    for path in [&missing, &empty] {
+        let out = publish_one("never", &["--cacert", path], &[]);
+        assert_eq!(out.status.code(), Some(2), "{path}: {out:?}");
+        assert!(text(&out.stderr).contains(path.as_str()), "{out:?}");
+    }
+    // Only cli-1 arrived (the subscriber ACKed it).
+    let ids = poll_ids(&s, &args, "--http1.1", "g", 0);
+    assert!(ids.is_empty(), "{ids:?}");
+    let offsets = https(&args, &[], &s.admin_url("/admin/offsets?topic=t"));
+    let end: u64 = offsets.ok_json(200)["offsets"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["end"].as_u64()).sum())
+        .unwrap_or(0);
+    assert_eq!(end, 1, "one event published: {offsets:?}");
 }

@@ -3,7 +3,9 @@
 //! `publish`, `subscribe`, `groups`, `offsets`, `dlq browse|replay` and `seek`, each with
 //! `--server URL` (traffic API, env `UNIMESH_SERVER`), `--admin URL` (admin API, env
 //! `UNIMESH_ADMIN_URL`), `--token T` (sent as `Authorization: Bearer T`, env
-//! `UNIMESH_TOKEN`) and `--json` (machine-readable output). Tables and counts go to stdout,
+//! `UNIMESH_TOKEN`), `--cacert FILE` (the CA certificates an `https://` server's certificate
+//! must chain to, instead of the system's; env `UNIMESH_CACERT`) and `--json`
+//! (machine-readable output). Tables and counts go to stdout,
 //! errors to stderr as one line naming the request and the server's answer.
 //!
 //! Exit codes ([`Failure::exit_code`]): 0 done, 1 something was refused (by the server, or
@@ -21,7 +23,12 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 /// Environment variables of the client subcommands (not settings of `serve`).
-pub const ENV: [&str; 3] = ["UNIMESH_ADMIN_URL", "UNIMESH_SERVER", "UNIMESH_TOKEN"];
+pub const ENV: [&str; 4] = [
+    "UNIMESH_ADMIN_URL",
+    "UNIMESH_CACERT",
+    "UNIMESH_SERVER",
+    "UNIMESH_TOKEN",
+];
 
 /// The client subcommands.
 #[derive(Subcommand, Debug)]
@@ -77,6 +84,10 @@ pub struct Common {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// PEM file of the CA certificates that an `https://` server's certificate must chain
+    /// to (a private CA), instead of the system's.
+    #[arg(long, value_name = "FILE", env = "UNIMESH_CACERT")]
+    pub cacert: Option<std::path::PathBuf>,
     /// Print JSON for scripts instead of text.
     #[arg(long)]
     pub json: bool,
