@@ -9,7 +9,8 @@
 //! from curl and from requests, one whose CN has none is 403) and optional (a token
 //! without a certificate; a certificate without a token); SIGHUP reload with an SSE
 //! stream and a long-poll open across it, a new connection seeing the new certificate,
-//! and a failed reload keeping the old one; the CLI over HTTPS with `--cacert`.
+//! and a failed reload keeping the old one; the CLI over HTTPS with `--cacert`, and with
+//! a client certificate under mTLS.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -773,4 +774,71 @@ fn the_cli_speaks_https_with_a_private_ca() {
         .map(|a| a.iter().filter_map(|p| p["end"].as_u64()).sum())
         .unwrap_or(0);
     assert_eq!(end, 1, "one event published: {offsets:?}");
+}
+
+/// Goal: under mTLS `require` the command line presents a client certificate
+/// (`--client-cert`/`--client-key`, or `UNIMESH_CLIENT_CERT`/`UNIMESH_CLIENT_KEY`) and gets
+/// the rights of its CN; without one it is refused with a line saying what to give.
+/// Method: the real binary: `publish` with shop's certificate inside its prefix (exit 0)
+/// and outside (exit 1, 403 naming shop); `groups --json` with ops' certificate from the
+/// environment (exit 0); `publish` without a certificate: exit 3 naming the server's alert
+/// and `--client-cert`; `--client-cert` without `--client-key`: exit 2. Only the allowed
+/// event arrived.
+#[test]
+fn the_cli_presents_a_client_certificate_under_mtls() {
+    let m = Mtls::start("require");
+    let s = &m.s;
+    let ops_args = m.args(Some(&m.ops));
+    subscribe(s, &ops_args, "watch", "orders.eu");
+    let server = s.http_url("");
+    let admin = s.admin_url("");
+    let ca = m.ca.cert.display().to_string();
+    let (shop_cert, shop_key) = (
+        m.shop.cert.display().to_string(),
+        m.shop.key.display().to_string(),
+    );
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let publish = |topic: &str, extra: &[&str]| {
+        let mut a = vec![
+            "publish", topic, "--type", "t", "--id", "cli", "--data", "{}", "--server", &server,
+            "--cacert", &ca,
+        ];
+        a.extend_from_slice(extra);
+        cli(&a, &[])
+    };
+    let shop = ["--client-cert", &shop_cert, "--client-key", &shop_key];
+
+    let out = publish("orders.eu", &shop);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = publish("audit", &shop);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains("403") && err.contains("shop"), "{err}");
+
+    let (ops_cert, ops_key) = (
+        m.ops.cert.display().to_string(),
+        m.ops.key.display().to_string(),
+    );
+    let out = cli(
+        &["groups", "--json", "--admin", &admin, "--cacert", &ca],
+        &[
+            ("UNIMESH_CLIENT_CERT", &ops_cert),
+            ("UNIMESH_CLIENT_KEY", &ops_key),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("\"watch\""), "{out:?}");
+
+    let out = publish("orders.eu", &[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("CertificateRequired") && err.contains("--client-cert"),
+        "{err}"
+    );
+    let out = publish("orders.eu", &shop[..2]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let ids = poll_ids(s, &ops_args, "--http2", "watch", 1);
+    assert_eq!(ids, ["cli"], "only the allowed publish arrived");
 }
