@@ -315,6 +315,7 @@ async fn run(
     let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
     let admin = server.admin_addr().map_err(|e| e.to_string())?;
     let (engine, engine_task) = engine::start(cfg.engine_config(), log_port.clone(), state_port)
+        .await
         .map_err(|e| format!("cannot start the engine: {e}"))?;
     if let Some(k) = &kafka {
         unimesh_shell::kafka::watch_subscriptions(k, engine.clone())?;

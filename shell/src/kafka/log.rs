@@ -28,7 +28,9 @@ use super::assigned::AssignedConsumer as GroupConsumer;
 use super::consumer::GroupConsumer;
 use super::records::Outgoing;
 use super::{ClientRole, KafkaSettings};
-use crate::engine::{AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead};
+use crate::engine::{
+    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, TopicFacts,
+};
 use crate::log::AppendItem;
 
 /// Counters of the Kafka backend for `/metrics`.
@@ -937,22 +939,32 @@ impl LogPort for KafkaLog {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        if let Some(&n) = lock(&self.inner.topics).get(topic) {
-            return Ok(n);
-        }
-        #[cfg(not(madsim))]
-        return block_on(&self.inner.runtime, self.topic_partitions(topic, false));
-        // Under madsim the answer comes later: the topic is looked up (and created) in the
-        // background, and the caller is told to try again.
-        #[cfg(madsim)]
-        {
-            let (log, t) = (self.clone(), topic.clone());
-            tokio::spawn(async move { log.topic_partitions(&t, false).await });
-            Err(AppendError::Unavailable(format!(
-                "topic {topic} is being looked up at the broker; try again"
-            )))
-        }
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            let partitions = log.topic_partitions(&topic, false).await?;
+            let mut offsets = Vec::new();
+            if with_offsets {
+                for p in 0..partitions {
+                    let pair = match log.cached_offsets(&topic, p) {
+                        Some(pair) => pair,
+                        None => log
+                            .watermarks(&topic, p)
+                            .await
+                            .map_err(AppendError::Unavailable)?,
+                    };
+                    offsets.push(pair);
+                }
+            }
+            Ok(TopicFacts {
+                partitions,
+                offsets,
+            })
+        })
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {

@@ -75,7 +75,7 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>) {
     let tap: Arc<dyn EngineTap> = Arc::new(Observer(world.clone()));
     let mut config = engine_config(&world.opts);
     backend.configure(&mut config);
-    let (handle, _join) = match engine::start_observed(config, log, state, Some(tap)) {
+    let (handle, _join) = match engine::start_observed(config, log, state, Some(tap)).await {
         Ok(started) => started,
         Err(e) => {
             world.fail(violation(
