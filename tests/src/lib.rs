@@ -201,14 +201,49 @@ pub fn built_as_release() -> bool {
 /// A blocking HTTP agent that reports every status as a response, with no proxy (a CI
 /// proxy variable must not capture requests to 127.0.0.1).
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
+    agent_with(None, None)
+}
+
+/// [`agent`], trusting the CA certificates of the PEM file `ca` for `https://` (rustls on
+/// `ring`, as the mesh) and sending `Authorization: Bearer TOKEN` with every request.
+pub fn agent_with(ca: Option<&Path>, bearer: Option<&str>) -> ureq::Agent {
+    let mut config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
         .timeout_global(Some(REQUEST_TIMEOUT))
         .max_idle_connections(256)
-        .max_idle_connections_per_host(256)
-        .build()
-        .into()
+        .max_idle_connections_per_host(256);
+    if let Some(ca) = ca {
+        use ureq::tls::{PemItem, RootCerts, TlsConfig};
+        let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("cannot read {}: {e}", ca.display()));
+        let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert!(!certs.is_empty(), "no CERTIFICATE in {}", ca.display());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        config = config.tls_config(
+            TlsConfig::builder()
+                .unversioned_rustls_crypto_provider(provider)
+                .root_certs(RootCerts::from(certs))
+                .build(),
+        );
+    }
+    if let Some(token) = bearer {
+        let value = ureq::http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .unwrap_or_else(|e| panic!("the token cannot be a header value: {e}"));
+        config = config.middleware(
+            move |mut req: ureq::http::Request<ureq::SendBody>,
+                  next: ureq::middleware::MiddlewareNext| {
+                req.headers_mut()
+                    .insert(ureq::http::header::AUTHORIZATION, value.clone());
+                next.handle(req)
+            },
+        );
+    }
+    config.build().into()
 }
 
 /// One request being built.
@@ -435,6 +470,10 @@ pub struct Options {
     tls_probe: Option<Vec<String>>,
     /// Start returns once the admin listener answers at all, ready or not.
     answering: bool,
+    /// The CA (PEM) the server's agent trusts for `https://`.
+    tls_ca: Option<PathBuf>,
+    /// The bearer token the server's agent sends with every request.
+    bearer: Option<String>,
 }
 
 impl Options {
@@ -471,6 +510,19 @@ impl Options {
     /// waiting for `/admin/ready` to be 200.
     pub fn answering(mut self) -> Self {
         self.answering = true;
+        self
+    }
+
+    /// The server's agent ([`Server::agent`], [`Server::call`], ...) speaks HTTPS trusting
+    /// this CA certificate (PEM); with [`Options::tls_probe`].
+    pub fn tls_ca(mut self, ca: &Path) -> Self {
+        self.tls_ca = Some(ca.to_owned());
+        self
+    }
+
+    /// The server's agent sends `Authorization: Bearer TOKEN` with every request.
+    pub fn bearer(mut self, token: &str) -> Self {
+        self.bearer = Some(token.to_owned());
         self
     }
 
@@ -515,6 +567,7 @@ impl Server {
             panic!("cannot write {}: {e}", config.display());
         }
         let unspecified = SocketAddr::from(([127, 0, 0, 1], 0));
+        let agent = agent_with(opts.tls_ca.as_deref(), opts.bearer.as_deref());
         let mut s = Server {
             root,
             opts,
@@ -522,7 +575,7 @@ impl Server {
             http: unspecified,
             admin: unspecified,
             incarnation: 0,
-            agent: agent(),
+            agent,
         };
         s.launch();
         s
@@ -551,7 +604,7 @@ impl Server {
             let (http, admin) = free_ports();
             self.http = http;
             self.admin = admin;
-            self.agent = agent();
+            self.agent = agent_with(self.opts.tls_ca.as_deref(), self.opts.bearer.as_deref());
             let log = self.stderr_path(self.incarnation);
             let (out, err) = match File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
                 Ok(pair) => pair,

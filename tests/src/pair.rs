@@ -223,7 +223,11 @@ impl Book {
         while self.published(prefix) < publish || self.acked.len() < target {
             let next = self.published(prefix);
             if next < publish {
-                let through = if rounds.is_multiple_of(2) { victim.0 } else { other.0 };
+                let through = if rounds.is_multiple_of(2) {
+                    victim.0
+                } else {
+                    other.0
+                };
                 self.publish(through, prefix, next, BATCH.min(publish - next));
             }
             self.poll_and_ack(victim.0, victim.1);

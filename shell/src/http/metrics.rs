@@ -117,7 +117,7 @@ impl Metrics {
         let auth_refused = Family::<Labels, Counter>::default();
         registry.register(
             "unimesh_auth_refused",
-            "Requests refused by the auth gate, per reason (missing, invalid, forbidden)",
+            "Requests refused by the auth gate, per reason (missing, invalid, forbidden), and client certificates refused in the TLS handshake (certificate)",
             auth_refused.clone(),
         );
         let snapshot = Arc::new(Mutex::new(None));
