@@ -26,7 +26,7 @@ fn c(s: &str) -> ClientId {
     ClientId::new(s).unwrap()
 }
 
-fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Event> {
+fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Published> {
     let items: Vec<String> = (0..n)
         .map(|i| {
             let key = key.map_or(String::new(), |k| format!(",\"partitionkey\":\"{k}\""));

@@ -89,7 +89,7 @@ async fn a_delivery_without_a_session_goes_back_once_without_burning_attempts() 
             .remove(0);
             AppendItem {
                 key: None,
-                value: crate::event::encode_stored(&ev),
+                value: ev.stored(),
             }
         })
         .collect();
