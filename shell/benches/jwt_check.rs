@@ -2,8 +2,9 @@
 //! token — header, key choice, signature, `exp`/`nbf`/`aud`/`iss` and the identity claim —
 //! for each algorithm the mesh accepts. Keys are made by the `openssl` command line.
 //!
-//! Run: `cargo bench -p unimesh-shell --bench jwt_check` (criterion reports the time per
-//! check; `thrpt` is checks/s on one core).
+//! Run: `cargo bench -p unimesh-shell --no-default-features --bench jwt_check` (criterion
+//! reports the time per check; `thrpt` is checks/s on one core). Without the default
+//! features the bench build needs no RocksDB, whose release build takes half an hour cold.
 
 use std::path::Path;
 use std::process::Command;

@@ -272,6 +272,10 @@ pub struct Storage {
     pub sync: SyncMode,
     /// The fsync interval of `sync = "interval"`, 1 to 60000 ms.
     pub sync_interval_ms: u64,
+    /// Bytes of the newest records the embedded log keeps in memory, shared evenly by every
+    /// partition, so a group that keeps up is served without reading the disk; 0 keeps
+    /// none. Ignored on Kafka.
+    pub read_cache_bytes: usize,
 }
 
 /// `storage.sync`.
@@ -526,6 +530,7 @@ impl Default for Storage {
             retention_reclaim_bytes: 64 << 20,
             sync: SyncMode::Always,
             sync_interval_ms: 100,
+            read_cache_bytes: crate::log::DEFAULT_READ_CACHE_BYTES,
         }
     }
 }
@@ -634,6 +639,7 @@ impl Config {
             (s.retention_bytes_per_partition > 0).then_some(s.retention_bytes_per_partition);
         c.reclaim_after_bytes = s.retention_reclaim_bytes;
         c.sync_interval_ms = (s.sync == SyncMode::Interval).then_some(s.sync_interval_ms);
+        c.read_cache_bytes = s.read_cache_bytes;
         c
     }
 
@@ -850,6 +856,12 @@ impl Config {
                     "must be between 1 and {} (the loss window on a machine crash)",
                     crate::log::MAX_SYNC_INTERVAL_MS
                 ),
+            );
+        }
+        if s.read_cache_bytes as u64 > crate::log::MAX_READ_CACHE_BYTES {
+            return bad(
+                "storage.read_cache_bytes",
+                format!("must be at most {}", crate::log::MAX_READ_CACHE_BYTES),
             );
         }
         let k = &self.kafka;

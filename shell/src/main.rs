@@ -261,11 +261,16 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
             state = %cfg.state.backend,
             "storage on Kafka; data directory {} holds the local state", data.display()
         );
-        let kafka = KafkaLog::open(settings)
+        let brokers = cfg.kafka.brokers.clone();
+        let kafka = KafkaLog::connect(settings)
             .await
-            .map_err(|e| format!("cannot use Kafka at {}: {e}", cfg.kafka.brokers))?;
-        kafka.spawn_offsets_refresh(Duration::from_secs(1));
+            .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?;
         kafka.spawn_watch(Duration::from_secs(1));
+        if !wait_for_broker(&server, &kafka, &brokers).await? {
+            tracing::info!("stopped");
+            return Ok(());
+        }
+        kafka.spawn_offsets_refresh(Duration::from_secs(1));
         let state_port: Arc<dyn StatePort> =
             Arc::new(KafkaState::new(StoreAdapter::new(state), kafka.clone()));
         let log_port: Arc<dyn LogPort> = Arc::new(kafka.clone());
@@ -315,6 +320,7 @@ async fn run(
     let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
     let admin = server.admin_addr().map_err(|e| e.to_string())?;
     let (engine, engine_task) = engine::start(cfg.engine_config(), log_port.clone(), state_port)
+        .await
         .map_err(|e| format!("cannot start the engine: {e}"))?;
     if let Some(k) = &kafka {
         unimesh_shell::kafka::watch_subscriptions(k, engine.clone())?;
@@ -409,6 +415,68 @@ async fn run(
         return Err("stopped because the engine task ended".into());
     }
     Ok(())
+}
+
+/// How long the start waits between two tries of the Kafka broker.
+const BROKER_RETRY: Duration = Duration::from_secs(1);
+
+/// The Kafka broker must answer before the engine starts (it reads the progress and
+/// subscriptions topics, created here). Until it does, every route — `/admin/health` and
+/// `/admin/ready` included — answers 503 naming the broker and why, and the topics are
+/// tried again every [`BROKER_RETRY`] (each try waits up to `kafka.request_timeout_ms`).
+/// True once they exist; false when a stop signal came first; an error for a refusal that
+/// stays (a topic name the configuration got wrong).
+async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Result<bool, String> {
+    let last = Arc::new(std::sync::Mutex::new(String::from("no answer yet")));
+    let why: Arc<dyn Fn() -> String + Send + Sync> = {
+        let (kafka, last, brokers) = (kafka.clone(), last.clone(), brokers.to_owned());
+        Arc::new(move || {
+            kafka.fault().unwrap_or_else(|| {
+                let last = last.lock().unwrap_or_else(|p| p.into_inner());
+                format!("waiting for the Kafka broker {brokers}: {last}")
+            })
+        })
+    };
+    let mut outcome = Ok(false);
+    let tries = async {
+        for attempt in 0u64.. {
+            match kafka.ensure_own_topics().await {
+                Ok(()) => {
+                    if attempt > 0 {
+                        tracing::info!(%brokers, "the Kafka broker answered; starting");
+                    }
+                    return Ok(true);
+                }
+                Err(engine::AppendError::Unavailable(why)) => {
+                    if attempt == 0 {
+                        tracing::warn!(
+                            %brokers,
+                            reason = %why,
+                            "waiting for the Kafka broker; meanwhile every route, \
+                             /admin/health and /admin/ready included, answers 503 naming it"
+                        );
+                    }
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = why;
+                }
+                Err(engine::AppendError::Invalid(why) | engine::AppendError::TooLarge(why)) => {
+                    return Err(format!("cannot use Kafka at {brokers}: {why}"))
+                }
+            }
+            tokio::time::sleep(BROKER_RETRY).await;
+        }
+        Ok(false)
+    };
+    let stop = async {
+        tokio::select! {
+            r = tries => outcome = r,
+            signal = stop_signal() => {
+                tracing::info!("{signal} received while waiting for the Kafka broker: stopping");
+            }
+        }
+    };
+    let draining = server.run_unavailable(why, stop).await;
+    draining.finish().await;
+    outcome
 }
 
 fn open_state(cfg: &Config) -> Result<Box<dyn StateStore>, String> {

@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p unimesh-tests --example load -- \
 //!     [--events 100000] [--publishers 4] [--consumers 4] [--batch 50] [--poll 200] \
-//!     [--partitions 4] [--transport poll|sse|ws|webhook] [--size 1024]
+//!     [--partitions 4] [--transport poll|sse|ws|webhook] [--size 1024] \
+//!     [--tls off|on] [--token off|on]
 //! ```
 //!
 //! Publishers send batch-mode requests of `--batch` events (1 = one binary-mode event per
@@ -19,6 +20,12 @@
 //!
 //! The clock runs from the first publish until every event is ACKed (for `webhook`: until
 //! the group's counters say every event is ACKed).
+//!
+//! `--tls on`: the mesh serves HTTPS with a certificate of a throw-away CA (`openssl`, as
+//! `tests/tls.rs`), and the load client speaks it (rustls on `ring`, like the mesh).
+//! `--token on`: `[auth]` holds one identity with every right, and every request carries
+//! its static bearer token (checked by SHA-256 and constant-time comparison). Both work
+//! with the `poll` transport only (the SSE and WebSocket consumers here speak plain TCP).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,7 +45,13 @@ struct Args {
     partitions: u64,
     size: u64,
     transport: String,
+    tls: bool,
+    token: bool,
 }
+
+/// The identity of `--token on`: its token and the token's SHA-256.
+const TOKEN: &str = "tok-shop-3f9a";
+const TOKEN_SHA256: &str = "982d1fa5fe370406f7d81a5f5f4e2a56a99e6b06772bc53ffea5d8da78162dbe";
 
 fn args() -> Result<Args, String> {
     let mut a = Args {
@@ -50,6 +63,8 @@ fn args() -> Result<Args, String> {
         partitions: 4,
         size: 1024,
         transport: "poll".to_owned(),
+        tls: false,
+        token: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -61,6 +76,19 @@ fn args() -> Result<Args, String> {
                 ));
             }
             a.transport = text;
+            continue;
+        }
+        if flag == "--tls" || flag == "--token" {
+            let on = match text.as_str() {
+                "on" => true,
+                "off" => false,
+                other => return Err(format!("{flag} is on or off, not {other}")),
+            };
+            if flag == "--tls" {
+                a.tls = on;
+            } else {
+                a.token = on;
+            }
             continue;
         }
         let value = text.parse::<u64>().map_err(|e| format!("{flag}: {e}"))?;
@@ -78,6 +106,9 @@ fn args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
+    if (a.tls || a.token) && a.transport != "poll" {
+        return Err("--tls on and --token on work with --transport poll only".into());
+    }
     Ok(a)
 }
 
@@ -92,19 +123,41 @@ fn main() {
     if !unimesh_tests::built_as_release() {
         eprintln!("load: note: this is a debug build; use --release for meaningful numbers");
     }
-    let opts = Options::new().toml(&format!(
+    let mut toml = format!(
         "log = \"warn\"\n[storage]\ndefault_partitions = {}\n[push]\nallowed_hosts = \"127.0.0.1\"\n",
         a.partitions
-    ));
-    let s = Server::start(opts);
+    );
+    let mut opts = Options::new();
+    // Kept until the end: the certificates' directory.
+    let pki = a.tls.then(unimesh_tests::pki::Pki::new);
+    if let Some(pki) = &pki {
+        let ca = pki.ca("ca");
+        let cert = pki.server(&ca, "server", 1);
+        toml.push_str(&format!(
+            "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.cert.display(),
+            cert.key.display()
+        ));
+        let ca_path = ca.cert.display().to_string();
+        opts = opts.tls_probe(&["--cacert", &ca_path]).tls_ca(&ca.cert);
+    }
+    if a.token {
+        toml.push_str(&format!(
+            "[auth.identities.load]\ntoken_sha256 = \"{TOKEN_SHA256}\"\npublish = [\"*\"]\n\
+             consume = [\"*\"]\ndefine = [\"*\"]\nadmin = true\n"
+        ));
+        opts = opts.bearer(TOKEN);
+    }
+    let s = Server::start(opts.toml(&toml));
     let hook = (a.transport == "webhook").then(unimesh_tests::hook::Hook::ok);
     let mut doc = json!({ "topic": "load", "ackTimeoutMs": 60000, "maxInFlightPerClient": 10000 });
     if let Some(h) = &hook {
         doc["push"] = json!({ "url": h.url("/load") });
     }
     s.subscribe("load", &doc);
+    let on = |b: bool| if b { "on" } else { "off" };
     println!(
-        "load: {} events of {} bytes, {} publishers (batches of {}), {} consumers by {} (batches of up to {}), {} partitions, {}",
+        "load: {} events of {} bytes, {} publishers (batches of {}), {} consumers by {} (batches of up to {}), {} partitions, TLS {}, token {}, {}",
         a.events,
         a.size,
         a.publishers,
@@ -113,6 +166,8 @@ fn main() {
         a.transport,
         a.poll,
         a.partitions,
+        on(a.tls),
+        on(a.token),
         if unimesh_tests::built_as_release() { "release" } else { "debug" }
     );
     let pad = "x".repeat(a.size.saturating_sub(16) as usize);

@@ -200,9 +200,14 @@ impl Broker {
         self.mock_command(&format!("clear {api_key}"));
     }
 
-    fn start_tansu() -> Self {
+    /// A tansu broker, whatever `UNIMESH_TEST_BROKER` says.
+    pub fn start_tansu() -> Self {
+        Self::start_tansu_on(free_port())
+    }
+
+    /// A tansu broker listening on `addr` (a mesh may have been told it before it listens).
+    pub fn start_tansu_on(addr: SocketAddr) -> Self {
         let dir = temp_dir("tansu-test-");
-        let addr = free_port();
         let (child, log) = spawn_tansu(dir.path(), addr, addr);
         Broker {
             child: Some(child),
@@ -280,7 +285,8 @@ fn temp_dir(prefix: &str) -> tempfile::TempDir {
         .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"))
 }
 
-fn free_port() -> SocketAddr {
+/// A loopback address nothing listens on (the port was free a moment ago).
+pub fn free_port() -> SocketAddr {
     match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
         Ok(a) => a,
         Err(e) => panic!("cannot find a free port: {e}"),

@@ -30,6 +30,7 @@ pub mod sse;
 pub use serde_json::{json, Value};
 
 pub mod kafka;
+pub mod pair;
 pub mod pki;
 pub mod proxy;
 
@@ -98,6 +99,16 @@ fn find_or_build() -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build.args(BUILD_ARGS).arg("--manifest-path").arg(&manifest);
+    // Cargo runs a test with the test package's own variables (CARGO_PKG_NAME,
+    // CARGO_MANIFEST_DIR, ...). Build scripts that watch those names (ring's does) would see
+    // them change between this build and the outer `cargo test`, and each would rebuild
+    // ring, rustls, jsonwebtoken and the shell for the other: the build runs without them.
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if is_test_package_variable(name) {
+            build.env_remove(name);
+        }
+    }
     if release {
         build.arg("--release");
     }
@@ -129,6 +140,23 @@ fn find_or_build() -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// A variable cargo sets for the test binary it runs, describing the test package (not one
+/// that configures cargo, such as `CARGO_TARGET_DIR` or `CARGO_HOME`).
+fn is_test_package_variable(name: &str) -> bool {
+    [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+        || matches!(
+            name,
+            "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR" | "CARGO_RUSTC_CURRENT_DIR"
+        )
+}
+
 /// The executable of the binary target `name` among cargo's JSON messages.
 fn built_executable(messages: &str, name: &str) -> Option<PathBuf> {
     messages
@@ -158,10 +186,14 @@ fn own_target_dir() -> Option<PathBuf> {
 /// Whether the running test (or example) binary was built in the release profile: its path
 /// is `<target>/release/deps/<name>` (tests) or `<target>/release/examples/<name>`.
 pub fn built_as_release() -> bool {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent()?.parent()?.file_name().map(|n| n == "release"))
-        .unwrap_or(false)
+    // A test binary is `<profile>/deps/<name>`, a binary or example `<profile>/<name>` or
+    // `<profile>/examples/<name>`.
+    std::env::current_exe().ok().is_some_and(|exe| {
+        exe.ancestors()
+            .skip(1)
+            .take(2)
+            .any(|d| d.file_name().is_some_and(|n| n == "release"))
+    })
 }
 
 // ----- HTTP -----
@@ -169,14 +201,49 @@ pub fn built_as_release() -> bool {
 /// A blocking HTTP agent that reports every status as a response, with no proxy (a CI
 /// proxy variable must not capture requests to 127.0.0.1).
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
+    agent_with(None, None)
+}
+
+/// [`agent`], trusting the CA certificates of the PEM file `ca` for `https://` (rustls on
+/// `ring`, as the mesh) and sending `Authorization: Bearer TOKEN` with every request.
+pub fn agent_with(ca: Option<&Path>, bearer: Option<&str>) -> ureq::Agent {
+    let mut config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
         .timeout_global(Some(REQUEST_TIMEOUT))
         .max_idle_connections(256)
-        .max_idle_connections_per_host(256)
-        .build()
-        .into()
+        .max_idle_connections_per_host(256);
+    if let Some(ca) = ca {
+        use ureq::tls::{PemItem, RootCerts, TlsConfig};
+        let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("cannot read {}: {e}", ca.display()));
+        let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert!(!certs.is_empty(), "no CERTIFICATE in {}", ca.display());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        config = config.tls_config(
+            TlsConfig::builder()
+                .unversioned_rustls_crypto_provider(provider)
+                .root_certs(RootCerts::from(certs))
+                .build(),
+        );
+    }
+    if let Some(token) = bearer {
+        let value = ureq::http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .unwrap_or_else(|e| panic!("the token cannot be a header value: {e}"));
+        config = config.middleware(
+            move |mut req: ureq::http::Request<ureq::SendBody>,
+                  next: ureq::middleware::MiddlewareNext| {
+                req.headers_mut()
+                    .insert(ureq::http::header::AUTHORIZATION, value.clone());
+                next.handle(req)
+            },
+        );
+    }
+    config.build().into()
 }
 
 /// One request being built.
@@ -401,6 +468,12 @@ pub struct Options {
     /// The server speaks TLS: the readiness probe is curl with these arguments (`--cacert`,
     /// a client certificate), and the URLs are `https://`.
     tls_probe: Option<Vec<String>>,
+    /// Start returns once the admin listener answers at all, ready or not.
+    answering: bool,
+    /// The CA (PEM) the server's agent trusts for `https://`.
+    tls_ca: Option<PathBuf>,
+    /// The bearer token the server's agent sends with every request.
+    bearer: Option<String>,
 }
 
 impl Options {
@@ -429,6 +502,27 @@ impl Options {
     /// --key FILE` when client certificates are required).
     pub fn tls_probe(mut self, curl_args: &[&str]) -> Self {
         self.tls_probe = Some(curl_args.iter().map(|a| (*a).to_owned()).collect());
+        self
+    }
+
+    /// [`Server::start`] returns once the admin listener answers, whatever it answers (a
+    /// server that is to report itself unready, e.g. its broker unreachable), instead of
+    /// waiting for `/admin/ready` to be 200.
+    pub fn answering(mut self) -> Self {
+        self.answering = true;
+        self
+    }
+
+    /// The server's agent ([`Server::agent`], [`Server::call`], ...) speaks HTTPS trusting
+    /// this CA certificate (PEM); with [`Options::tls_probe`].
+    pub fn tls_ca(mut self, ca: &Path) -> Self {
+        self.tls_ca = Some(ca.to_owned());
+        self
+    }
+
+    /// The server's agent sends `Authorization: Bearer TOKEN` with every request.
+    pub fn bearer(mut self, token: &str) -> Self {
+        self.bearer = Some(token.to_owned());
         self
     }
 
@@ -473,6 +567,7 @@ impl Server {
             panic!("cannot write {}: {e}", config.display());
         }
         let unspecified = SocketAddr::from(([127, 0, 0, 1], 0));
+        let agent = agent_with(opts.tls_ca.as_deref(), opts.bearer.as_deref());
         let mut s = Server {
             root,
             opts,
@@ -480,7 +575,7 @@ impl Server {
             http: unspecified,
             admin: unspecified,
             incarnation: 0,
-            agent: agent(),
+            agent,
         };
         s.launch();
         s
@@ -509,7 +604,7 @@ impl Server {
             let (http, admin) = free_ports();
             self.http = http;
             self.admin = admin;
-            self.agent = agent();
+            self.agent = agent_with(self.opts.tls_ca.as_deref(), self.opts.bearer.as_deref());
             let log = self.stderr_path(self.incarnation);
             let (out, err) = match File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
                 Ok(pair) => pair,
@@ -602,7 +697,7 @@ impl Server {
                     probe = probe.header("authorization", &format!("Bearer {token}"));
                 }
                 if let Ok(r) = probe.try_send() {
-                    if r.status == 200 {
+                    if r.status == 200 || self.opts.answering {
                         return Ok(());
                     }
                 }

@@ -1,8 +1,11 @@
 //! A throw-away PKI made at test time with the `openssl` command line (the same commands
 //! the README shows), and `curl` as the HTTPS client of the TLS tests.
 //!
-//! Every key is EC P-256; certificates are valid for two days; a server certificate names
-//! `127.0.0.1` and `localhost`, a client certificate has the CN it is given.
+//! Every key is EC P-256; certificates are valid for two days, or were valid for one day
+//! in January 2020 (an expired one: `openssl ca` with `-startdate`/`-enddate`, since
+//! `openssl x509 -days` cannot go negative and Debian 12's OpenSSL 3.0 has no
+//! `-not_before`/`-not_after`); a server certificate names `127.0.0.1` and `localhost`, a
+//! client certificate has the CN it is given.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,6 +13,15 @@ use std::process::{Command, Stdio};
 /// A directory of keys and certificates.
 pub struct Pki {
     dir: tempfile::TempDir,
+}
+
+/// When a leaf certificate is valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Validity {
+    /// From now for two days.
+    Current,
+    /// 2020-01-01 to 2020-01-02: expired.
+    Expired,
 }
 
 /// A certificate and its key.
@@ -62,21 +74,33 @@ impl Pki {
 
     /// A server certificate for 127.0.0.1 and localhost, signed by `ca`, with this serial.
     pub fn server(&self, ca: &Issued, name: &str, serial: u32) -> Issued {
-        self.leaf(
-            ca,
-            name,
-            "localhost",
-            serial,
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-        )
+        self.leaf(ca, name, "localhost", serial, SERVER_EXT, Validity::Current)
+    }
+
+    /// [`Pki::server`], expired since 2020-01-02.
+    pub fn expired_server(&self, ca: &Issued, name: &str, serial: u32) -> Issued {
+        self.leaf(ca, name, "localhost", serial, SERVER_EXT, Validity::Expired)
     }
 
     /// A client certificate with subject CN `cn`, signed by `ca`.
     pub fn client(&self, ca: &Issued, name: &str, cn: &str, serial: u32) -> Issued {
-        self.leaf(ca, name, cn, serial, "extendedKeyUsage=clientAuth\n")
+        self.leaf(ca, name, cn, serial, CLIENT_EXT, Validity::Current)
     }
 
-    fn leaf(&self, ca: &Issued, name: &str, cn: &str, serial: u32, ext: &str) -> Issued {
+    /// [`Pki::client`], expired since 2020-01-02.
+    pub fn expired_client(&self, ca: &Issued, name: &str, cn: &str, serial: u32) -> Issued {
+        self.leaf(ca, name, cn, serial, CLIENT_EXT, Validity::Expired)
+    }
+
+    fn leaf(
+        &self,
+        ca: &Issued,
+        name: &str,
+        cn: &str,
+        serial: u32,
+        ext: &str,
+        validity: Validity,
+    ) -> Issued {
         let issued = self.files(name);
         let csr = self.path(&format!("{name}.csr"));
         let extfile = self.path(&format!("{name}.ext"));
@@ -100,25 +124,81 @@ impl Pki {
             "-out",
             &text(&csr),
         ]);
+        match validity {
+            Validity::Current => openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &text(&csr),
+                "-CA",
+                &text(&ca.cert),
+                "-CAkey",
+                &text(&ca.key),
+                "-set_serial",
+                &serial.to_string(),
+                "-days",
+                "2",
+                "-extfile",
+                &text(&extfile),
+                "-out",
+                &text(&issued.cert),
+            ]),
+            Validity::Expired => self.sign_in_the_past(ca, name, serial, &csr, &extfile, &issued),
+        };
+        issued
+    }
+
+    /// `openssl ca`, the one signing command that takes dates: it wants a database of its
+    /// own (here one per certificate) and the serial in a file.
+    fn sign_in_the_past(
+        &self,
+        ca: &Issued,
+        name: &str,
+        serial: u32,
+        csr: &Path,
+        extfile: &Path,
+        issued: &Issued,
+    ) -> String {
+        let db = self.path(&format!("{name}-ca"));
+        let config = db.join("ca.cnf");
+        let written = std::fs::create_dir_all(&db)
+            .and_then(|()| std::fs::write(db.join("index.txt"), ""))
+            .and_then(|()| std::fs::write(db.join("serial"), format!("{serial:08X}\n")))
+            .and_then(|()| {
+                std::fs::write(
+                    &config,
+                    format!(
+                        "[ca]\ndefault_ca = test\n[test]\ndir = {}\ndatabase = $dir/index.txt\n\
+                         new_certs_dir = $dir\nserial = $dir/serial\ndefault_md = sha256\n\
+                         policy = any\n[any]\ncommonName = supplied\n",
+                        db.display()
+                    ),
+                )
+            });
+        if let Err(e) = written {
+            panic!("cannot write the CA database in {}: {e}", db.display());
+        }
         openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &text(&csr),
-            "-CA",
+            "ca",
+            "-batch",
+            "-notext",
+            "-config",
+            &text(&config),
+            "-cert",
             &text(&ca.cert),
-            "-CAkey",
+            "-keyfile",
             &text(&ca.key),
-            "-set_serial",
-            &serial.to_string(),
-            "-days",
-            "2",
+            "-in",
+            &text(csr),
+            "-startdate",
+            "20200101000000Z",
+            "-enddate",
+            "20200102000000Z",
             "-extfile",
-            &text(&extfile),
+            &text(extfile),
             "-out",
             &text(&issued.cert),
-        ]);
-        issued
+        ])
     }
 
     fn files(&self, name: &str) -> Issued {
@@ -128,6 +208,9 @@ impl Pki {
         }
     }
 }
+
+const SERVER_EXT: &str = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n";
+const CLIENT_EXT: &str = "extendedKeyUsage=clientAuth\n";
 
 fn text(p: &Path) -> String {
     p.display().to_string()

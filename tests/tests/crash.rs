@@ -93,14 +93,14 @@ fn sigkill_twice_under_load_loses_nothing_and_bounds_duplicates() {
 
 /// The same suite on the Kafka backend: progress survives in the progress topic and the
 /// committed offsets, and the restarted instance is assigned the partitions again by
-/// Kafka's group coordinator (after the killed member's session times out). On
-/// librdkafka's mock cluster, since tansu 0.6.0 never takes the killed member out of the
-/// group (see `kafka_failover.rs`).
+/// Kafka's group coordinator (after the killed member's session times out: the README's
+/// faster-takeover setting in `[kafka.consumer]`). On librdkafka's mock cluster, where the
+/// crash loop of issue 23 ran (a kill on tansu: `kafka_takeover.rs`).
 #[test]
 fn sigkill_twice_under_load_on_kafka_loses_nothing_and_bounds_duplicates() {
     let broker = unimesh_tests::kafka::Broker::start_mock();
     let opts = broker.server_options("crash", 4).toml(&format!(
-        "[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\
+        "[kafka.consumer]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\
          [mesh]\nflush_interval_ms = {FLUSH_INTERVAL_MS}\n"
     ));
     crash_run(opts, "crash-kafka");

@@ -15,6 +15,9 @@
 //!    keep positions above the new log's end, which the lost-tail rule of the consumer is
 //!    to settle; see issue 18.)
 //!
+//! 3. The broker unreachable at start (tansu only: the mock cluster picks its own port):
+//!    health says so, the log holds a few lines, and the mesh starts once the broker comes.
+//!
 //! Every wait is a bounded loop; the bounds only turn a hang into a failure. Prints the
 //! figures: events lost (must be 0), duplicates, time from the broker's return to healthy
 //! and to the first delivery (figures, not assertions).
@@ -400,5 +403,89 @@ fn a_broker_restarted_empty_gets_its_topics_created_again() {
         },
         b.accepted.len(),
         b.refused,
+    );
+}
+
+/// How long the mesh is watched while its broker is unreachable at start: two of its
+/// tries of the broker (each waits up to the 10 s request timeout) and 20 of
+/// librdkafka's reconnects, which logged about 200 lines in ten seconds before (issue 18).
+const UNREACHABLE_WATCH: Duration = Duration::from_secs(20);
+
+/// The bound on the mesh's log lines after [`UNREACHABLE_WATCH`]: its own lines (starting,
+/// configuration, storage, "waiting for the Kafka broker", the watch's "the Kafka broker is
+/// unreachable": 5) and the first of each kind of librdkafka's (a failed connect, and the
+/// two global errors it raises, "broker transport failure" and "all brokers are down": 3),
+/// 8 in all here; 12 leaves room for a kind of librdkafka line another machine may add.
+/// Repeats within a minute are counted, not logged (`shell/src/kafka/client_log.rs`).
+const UNREACHABLE_LINES: usize = 12;
+
+/// Goal: a mesh started while its broker is unreachable says so in one place instead of
+/// librdkafka's hundreds of lines, and starts once the broker comes, without a restart:
+/// meanwhile `/admin/health` and `/admin/ready` answer 503 naming the broker, and its log
+/// holds a few lines. Method: `serve --storage kafka` told a loopback port nobody listens
+/// on; health and readiness read every second for [`UNREACHABLE_WATCH`], each 503 naming
+/// the broker; the log's lines counted; then tansu started on that port; the mesh becomes
+/// ready, and an event published through it is delivered.
+#[test]
+fn a_broker_unreachable_at_start_is_named_by_health_in_a_few_log_lines_and_then_used() {
+    let addr = unimesh_tests::kafka::free_port();
+    let s = Server::start(
+        unimesh_tests::Options::new()
+            .toml(&format!(
+                "[storage]\nbackend = \"kafka\"\ndefault_partitions = {PARTITIONS}\n\
+                 [kafka]\nbrokers = \"{addr}\"\ninstance = \"early\"\nrequest_timeout_ms = 10000\n\
+                 [mesh]\nflush_interval_ms = 20\n"
+            ))
+            .answering(),
+    );
+    let named = |r: &Resp| r.status == 503 && r.text().contains(&addr.to_string());
+    let watched = Instant::now();
+    while watched.elapsed() < UNREACHABLE_WATCH {
+        for route in ["/admin/health", "/admin/ready"] {
+            let r = s.admin_get(route);
+            assert!(
+                named(&r),
+                "{route} while the broker is unreachable: {} {}",
+                r.status,
+                r.text()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let log = s.stderr();
+    let lines = log.lines().count();
+    eprintln!(
+        "FIGURES kafka broker unreachable at start: log_lines_after_{}s={lines} (bound {UNREACHABLE_LINES}); health: {}",
+        UNREACHABLE_WATCH.as_secs(),
+        s.admin_get("/admin/health").text()
+    );
+    assert!(
+        lines <= UNREACHABLE_LINES,
+        "{lines} log lines while the broker is unreachable:\n{log}"
+    );
+
+    let _broker = Broker::start_tansu_on(addr);
+    let came = Instant::now();
+    unimesh_tests::wait_for(
+        "the mesh to be ready once the broker listens",
+        RECOVERY_TIMEOUT,
+        || {
+            std::thread::sleep(Duration::from_millis(200));
+            (s.admin_get("/admin/ready").status == 200).then_some(())
+        },
+    );
+    let ready_after = came.elapsed();
+    subscribe(&s);
+    let id = "early-1";
+    let r = publish_one(&s, id).unwrap_or_else(|e| panic!("publish: {e}"));
+    r.expect(200);
+    let got = unimesh_tests::wait_for("the event to be delivered", RECOVERY_TIMEOUT, || {
+        let got = s.poll(GROUP, "c", 10, 1_000);
+        (!got.is_empty()).then_some(got)
+    });
+    assert_eq!(got[0].event_id(), id);
+    eprintln!(
+        "FIGURES kafka broker unreachable at start: ready {} ms after the broker listened",
+        ready_after.as_millis()
     );
 }

@@ -2,12 +2,21 @@
 //! comes back as an [`Answer`]; [`Answer::ok`] turns an error answer into one readable
 //! line (`POST http://…/v1/topics/t/events: 400 invalid-cloudevent: …`). A transport
 //! failure is [`Failure::Unreachable`].
+//!
+//! `https://` URLs are spoken by rustls (on `ring`, like the server): the server's
+//! certificate must chain to a CA of `--cacert FILE`, or without it to one of the system's
+//! (`rustls-native-certs`: `/etc/ssl/certs`, or `SSL_CERT_FILE`/`SSL_CERT_DIR`), and name
+//! the URL's host. `--client-cert`/`--client-key` present a client certificate to a
+//! listener with mTLS.
 
 use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde_json::Value;
+use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
 
 use super::{Common, Failure};
 
@@ -109,41 +118,115 @@ impl Answer {
     }
 }
 
-fn agent(timeout: Option<Duration>) -> ureq::Agent {
+fn agent(timeout: Option<Duration>, tls: &TlsConfig) -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         // Direct connections: a proxy variable meant for the internet must not capture
-        // requests to the mesh (and there is no TLS to tunnel).
+        // requests to the mesh.
         .proxy(None)
         .timeout_global(timeout)
         .timeout_connect(Some(CONNECT_TIMEOUT))
+        .tls_config(tls.clone())
         .build()
         .into()
 }
 
-/// A base URL without its trailing `/`; only `http://` (this build has no TLS).
+/// A base URL without its trailing `/`: `http://` or `https://`.
 fn base(flag: &str, url: &str) -> Result<String, Failure> {
     let parsed = url::Url::parse(url)
         .map_err(|e| Failure::Usage(format!("--{flag} {url:?} is not a URL: {e}")))?;
     match parsed.scheme() {
-        "http" => Ok(url.trim_end_matches('/').to_owned()),
-        "https" => Err(Failure::Usage(format!(
-            "--{flag} {url}: https is not supported by this build (no TLS); use http://"
-        ))),
+        "http" | "https" => Ok(url.trim_end_matches('/').to_owned()),
         other => Err(Failure::Usage(format!(
-            "--{flag} {url}: scheme {other} is not http"
+            "--{flag} {url}: scheme {other} is not http or https"
         ))),
     }
 }
 
+/// The TLS settings of both agents: rustls on `ring`, trusting the CA certificates of
+/// `--cacert`, or the system's when an `https://` URL is given without it (with neither,
+/// the roots are never used: no connection speaks TLS), and presenting the client
+/// certificate of `--client-cert`/`--client-key` when given.
+fn tls_config(c: &Common, https: bool) -> Result<TlsConfig, Failure> {
+    let roots = match &c.cacert {
+        Some(path) => RootCerts::from(certificates("cacert", path)?),
+        None if https => RootCerts::from(system_certificates()?),
+        None => RootCerts::Specific(Arc::new(Vec::new())),
+    };
+    let client = match (&c.client_cert, &c.client_key) {
+        (Some(cert), Some(key)) => Some(ClientCert::new_with_certs(
+            &certificates("client-cert", cert)?,
+            private_key(key)?,
+        )),
+        // clap makes each of the two require the other.
+        _ => None,
+    };
+    Ok(TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .root_certs(roots)
+        .client_cert(client)
+        .build())
+}
+
+/// Every certificate of the PEM file of `--FLAG`; at least one.
+fn certificates(flag: &str, path: &Path) -> Result<Vec<Certificate<'static>>, Failure> {
+    let bad = |why: String| Failure::Usage(format!("--{flag} {}: {why}", path.display()));
+    let pem = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item {
+            Ok(PemItem::Certificate(c)) => certs.push(c),
+            Ok(_) => {}
+            Err(e) => return Err(bad(format!("not a PEM file: {e}"))),
+        }
+    }
+    if certs.is_empty() {
+        return Err(bad("no CERTIFICATE in it".into()));
+    }
+    Ok(certs)
+}
+
+/// The private key of the PEM file `--client-key`.
+fn private_key(path: &Path) -> Result<PrivateKey<'static>, Failure> {
+    let bad = |why: String| Failure::Usage(format!("--client-key {}: {why}", path.display()));
+    let pem = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    PrivateKey::from_pem(&pem).map_err(|_| bad("no PRIVATE KEY in it".into()))
+}
+
+/// The system's CA certificates; an error when there are none.
+fn system_certificates() -> Result<Vec<Certificate<'static>>, Failure> {
+    let found = rustls_native_certs::load_native_certs();
+    if found.certs.is_empty() {
+        let why = found
+            .errors
+            .first()
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default();
+        return Err(Failure::Usage(format!(
+            "https: no CA certificates of the system could be read{why}; give the server's \
+             CA with --cacert FILE"
+        )));
+    }
+    Ok(found
+        .certs
+        .iter()
+        .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+        .collect())
+}
+
 impl Client {
     pub fn new(c: &Common) -> Result<Self, Failure> {
+        let server = base("server", &c.server)?;
+        let admin = base("admin", &c.admin)?;
+        let https = [&server, &admin].iter().any(|u| u.starts_with("https:"));
+        let tls = tls_config(c, https)?;
         Ok(Self {
-            server: base("server", &c.server)?,
-            admin: base("admin", &c.admin)?,
+            server,
+            admin,
             token: c.token.clone().filter(|t| !t.is_empty()),
-            agent: agent(Some(REQUEST_TIMEOUT)),
-            streams: agent(None),
+            agent: agent(Some(REQUEST_TIMEOUT), &tls),
+            streams: agent(None, &tls),
         })
     }
 
@@ -265,7 +348,41 @@ impl Client {
 fn classify(what: &str, e: &ureq::Error) -> Failure {
     match e {
         ureq::Error::BadUri(_) | ureq::Error::Http(_) => Failure::Usage(format!("{what}: {e}")),
-        _ => unreachable(what, e),
+        _ => match tls_error(e) {
+            Some(tls) => Failure::Unreachable(format!(
+                "{what}: TLS with the server failed: {tls}{}",
+                tls_hint(tls)
+            )),
+            None => unreachable(what, e),
+        },
+    }
+}
+
+/// What to try after a TLS failure: the server's certificate did not verify, or the
+/// server refused the client's (or its absence).
+fn tls_hint(e: &rustls::Error) -> &'static str {
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::InvalidCertificate(_) => " (a server with a private CA: --cacert FILE)",
+        rustls::Error::AlertReceived(
+            A::CertificateRequired
+            | A::BadCertificate
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::CertificateUnknown
+            | A::UnknownCA,
+        ) => " (the server asks for a client certificate it accepts: --client-cert FILE --client-key FILE)",
+        _ => "",
+    }
+}
+
+/// The rustls error behind a failed request, if TLS failed (ureq hands it out as is, or
+/// inside the I/O error of the handshake).
+fn tls_error(e: &ureq::Error) -> Option<&rustls::Error> {
+    match e {
+        ureq::Error::Rustls(tls) => Some(tls),
+        ureq::Error::Io(io) => io.get_ref()?.downcast_ref::<rustls::Error>(),
+        _ => None,
     }
 }
 
@@ -275,6 +392,8 @@ fn unreachable(what: &str, e: &ureq::Error) -> Failure {
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+
     use super::*;
 
     fn answer(status: u16, body: &str) -> Answer {
@@ -313,15 +432,68 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_are_taken() {
+    fn only_http_and_https_urls_are_taken() {
         assert_eq!(
             base("server", "http://127.0.0.1:8080/"),
             Ok("http://127.0.0.1:8080".into())
         );
-        assert!(matches!(
-            base("server", "https://x"),
-            Err(Failure::Usage(_))
-        ));
+        assert_eq!(
+            base("server", "https://mesh:8443/"),
+            Ok("https://mesh:8443".into())
+        );
+        assert!(matches!(base("server", "ftp://x"), Err(Failure::Usage(_))));
         assert!(matches!(base("admin", "127.0.0.1"), Err(Failure::Usage(_))));
+    }
+
+    /// The common arguments with these files.
+    fn with_files(cacert: Option<&Path>, client: Option<(&Path, &Path)>) -> Common {
+        Common {
+            server: "https://127.0.0.1:8443".into(),
+            admin: "https://127.0.0.1:8444".into(),
+            token: None,
+            cacert: cacert.map(Path::to_owned),
+            client_cert: client.map(|(c, _)| c.to_owned()),
+            client_key: client.map(|(_, k)| k.to_owned()),
+            json: false,
+        }
+    }
+
+    #[test]
+    fn unusable_certificate_and_key_files_are_usage_errors_naming_them() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let missing = dir.path().join("missing.pem");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no PEM here\n").expect("write");
+        for (path, why) in [(&missing, "cannot read it"), (&empty, "no CERTIFICATE")] {
+            for (flag, args) in [
+                ("--cacert ", with_files(Some(path), None)),
+                ("--client-cert ", with_files(None, Some((path, path)))),
+            ] {
+                // Without https URLs no system certificates are looked for.
+                match tls_config(&args, false) {
+                    Err(Failure::Usage(m)) => {
+                        assert!(m.starts_with(flag) && m.contains(why), "{m}");
+                        assert!(m.contains(&path.display().to_string()), "{m}");
+                    }
+                    other => panic!("{flag}{path:?}: {:?}", other.map(|_| ())),
+                }
+            }
+        }
+        // A certificate file that is fine, and a key file without a key.
+        let cert = dir.path().join("cert.pem");
+        let der = base64::engine::general_purpose::STANDARD.encode([0x30, 0x00]);
+        std::fs::write(
+            &cert,
+            format!("-----BEGIN CERTIFICATE-----\n{der}\n-----END CERTIFICATE-----\n"),
+        )
+        .expect("write");
+        for (key, why) in [(&missing, "cannot read it"), (&cert, "no PRIVATE KEY")] {
+            match tls_config(&with_files(None, Some((&cert, key))), false) {
+                Err(Failure::Usage(m)) => {
+                    assert!(m.starts_with("--client-key ") && m.contains(why), "{m}");
+                }
+                other => panic!("{key:?}: {:?}", other.map(|_| ())),
+            }
+        }
     }
 }

@@ -3,8 +3,12 @@
 //! `publish`, `subscribe`, `groups`, `offsets`, `dlq browse|replay` and `seek`, each with
 //! `--server URL` (traffic API, env `UNIMESH_SERVER`), `--admin URL` (admin API, env
 //! `UNIMESH_ADMIN_URL`), `--token T` (sent as `Authorization: Bearer T`, env
-//! `UNIMESH_TOKEN`) and `--json` (machine-readable output). Tables and counts go to stdout,
-//! errors to stderr as one line naming the request and the server's answer.
+//! `UNIMESH_TOKEN`), `--cacert FILE` (the CA certificates an `https://` server's certificate
+//! must chain to, instead of the system's; env `UNIMESH_CACERT`), `--client-cert FILE` and
+//! `--client-key FILE` (a client certificate for a listener with mTLS; env
+//! `UNIMESH_CLIENT_CERT`, `UNIMESH_CLIENT_KEY`) and `--json` (machine-readable output).
+//! Tables and counts go to stdout, errors to stderr as one line naming the request and the
+//! server's answer.
 //!
 //! Exit codes ([`Failure::exit_code`]): 0 done, 1 something was refused (by the server, or
 //! an input line that is not a CloudEvent), 2 usage (clap's own code for bad arguments), 3
@@ -21,7 +25,14 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 /// Environment variables of the client subcommands (not settings of `serve`).
-pub const ENV: [&str; 3] = ["UNIMESH_ADMIN_URL", "UNIMESH_SERVER", "UNIMESH_TOKEN"];
+pub const ENV: [&str; 6] = [
+    "UNIMESH_ADMIN_URL",
+    "UNIMESH_CACERT",
+    "UNIMESH_CLIENT_CERT",
+    "UNIMESH_CLIENT_KEY",
+    "UNIMESH_SERVER",
+    "UNIMESH_TOKEN",
+];
 
 /// The client subcommands.
 #[derive(Subcommand, Debug)]
@@ -77,6 +88,27 @@ pub struct Common {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// PEM file of the CA certificates that an `https://` server's certificate must chain
+    /// to (a private CA), instead of the system's.
+    #[arg(long, value_name = "FILE", env = "UNIMESH_CACERT")]
+    pub cacert: Option<std::path::PathBuf>,
+    /// PEM file of a client certificate (and its chain) to present to a listener that asks
+    /// for one (mTLS); with --client-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "UNIMESH_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// PEM file of the private key of --client-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "UNIMESH_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<std::path::PathBuf>,
     /// Print JSON for scripts instead of text.
     #[arg(long)]
     pub json: bool,

@@ -9,6 +9,7 @@ use unimesh_core::{
 };
 
 use super::api::{ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, SubscriptionInfo};
+use super::ports::{AppendError, TopicFacts};
 use super::stream::Stream;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
@@ -86,6 +87,12 @@ pub(crate) enum Command {
 
 /// Completions of I/O the engine started.
 pub(crate) enum Event {
+    /// The log prepared the topic of a subscription (created it, read its offsets).
+    TopicPrepared {
+        spec: Box<SubscriptionSpec>,
+        reply: Reply<bool>,
+        facts: Result<TopicFacts, AppendError>,
+    },
     Fetched {
         group: GroupName,
         partition: Partition,

@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Mutex};
 
-use cloudevents::AttributesReader;
 use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -89,7 +88,7 @@ impl EngineHandle {
     pub async fn publish(
         &self,
         topic: &TopicName,
-        events: Vec<crate::event::Event>,
+        events: Vec<crate::event::Published>,
     ) -> Result<Vec<PublishResult>, EngineError> {
         if events.is_empty() {
             return Ok(Vec::new());
@@ -114,8 +113,8 @@ impl EngineHandle {
         let items = events
             .iter()
             .map(|e| AppendItem {
-                key: crate::event::partition_key(e),
-                value: crate::event::encode_stored(e),
+                key: crate::event::partition_key(e.event()),
+                value: e.stored(),
             })
             .collect();
         let placed = self

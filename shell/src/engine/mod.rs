@@ -41,7 +41,7 @@ pub use api::{
 pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, MemoryLog,
-    StatePort, StoreAdapter,
+    StatePort, StoreAdapter, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -99,16 +99,16 @@ impl Default for EngineConfig {
 
 /// Loads the state, builds the mesh (epoch + 1), assigns every recovered group its
 /// partitions, and starts the engine task and the persist writer.
-pub fn start(
+pub async fn start(
     config: EngineConfig,
     log: Arc<dyn LogPort>,
     state: Arc<dyn StatePort>,
 ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
-    start_observed(config, log, state, None)
+    start_observed(config, log, state, None).await
 }
 
 /// [`start`], with `tap` told everything the engine task does (see [`EngineTap`]).
-pub fn start_observed(
+pub async fn start_observed(
     config: EngineConfig,
     log: Arc<dyn LogPort>,
     state: Arc<dyn StatePort>,
@@ -163,7 +163,7 @@ pub fn start_observed(
         log.attach(group_tx);
         task.group_events = Some(group_rx);
     }
-    task.assign_recovered()?;
+    task.assign_recovered().await?;
     tracing::info!(epoch, "engine started");
 
     tokio::spawn(persist_writer(state.clone(), persist_rx, events_tx, fences));

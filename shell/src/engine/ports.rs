@@ -95,6 +95,41 @@ pub struct BrokerMetrics {
     pub broker_up: bool,
     /// Clients built anew because the one in use was in a fatal state.
     pub client_rebuilds: u64,
+    /// Group requests sent to a coordinator whose rebalance seemed stuck (a broker that
+    /// keeps a dead member as the group's leader; DESIGN §8).
+    pub group_nudges: u64,
+}
+
+/// What the engine learns of a topic before a group reads it ([`LogPort::prepare_topic`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicFacts {
+    pub partitions: u32,
+    /// (earliest, end) of each partition, in partition order, when they were asked for;
+    /// else empty.
+    pub offsets: Vec<(Offset, Offset)>,
+}
+
+impl TopicFacts {
+    /// The facts of a topic whose offsets can be read at once (a log in memory, or one
+    /// whose reads do not block): `offsets` is asked for each partition when `with_offsets`.
+    pub fn read(
+        partitions: u32,
+        with_offsets: bool,
+        offsets: impl Fn(Partition) -> Result<(Offset, Offset), String>,
+    ) -> Result<TopicFacts, AppendError> {
+        let offsets = if with_offsets {
+            (0..partitions)
+                .map(&offsets)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(AppendError::Unavailable)?
+        } else {
+            Vec::new()
+        };
+        Ok(TopicFacts {
+            partitions,
+            offsets,
+        })
+    }
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the
@@ -144,10 +179,16 @@ pub trait LogPort: Send + Sync + 'static {
         items: Vec<AppendItem>,
     ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>>;
 
-    /// The partition count of a topic, creating it with the default count if needed.
-    /// `Invalid` when the caller asked for too much (the topic limit), `Unavailable` when
-    /// storage failed.
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError>;
+    /// The partition count of a topic, creating it with the default count if needed, and
+    /// with `with_offsets` the (earliest, end) of each partition. `Invalid` when the caller
+    /// asked for too much (the topic limit), `Unavailable` when storage failed. Answered off
+    /// the engine task: a creation is a synced write, a broker answers over the network, and
+    /// the engine serves everyone else meanwhile.
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>>;
 
     /// The partition count of an existing topic.
     fn partitions(&self, topic: &TopicName) -> Option<u32>;
@@ -247,13 +288,25 @@ async fn read_blocking(
     max: usize,
     max_bytes: usize,
 ) -> LogRead {
+    // What memory can answer (a group that keeps up reads the newest records) needs no
+    // RocksDB read and no trip to the blocking pool.
+    if let Some(read) = log.read_recent(&topic, partition, from, max, max_bytes) {
+        return log_read(read);
+    }
     let read =
         super::spawn_blocking(move || log.read(&topic, partition, from, max, max_bytes)).await;
     match read {
-        Ok(Ok(ReadResult::Records { records, .. })) => LogRead::Records(records),
-        Ok(Ok(ReadResult::OutOfRange { earliest, end })) => LogRead::OutOfRange { earliest, end },
+        Ok(Ok(read)) => log_read(read),
         Ok(Err(e)) => LogRead::Failed(e.to_string()),
         Err(e) => LogRead::Failed(format!("read task failed: {e}")),
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+fn log_read(read: ReadResult) -> LogRead {
+    match read {
+        ReadResult::Records { records, .. } => LogRead::Records(records),
+        ReadResult::OutOfRange { earliest, end } => LogRead::OutOfRange { earliest, end },
     }
 }
 
@@ -317,10 +370,23 @@ impl LogPort for EmbeddedLog {
         Box::pin(async move { log.append(&topic, items).await.map_err(append_error) })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        EmbeddedLog::ensure_topic(self, topic)
-            .map(|t| t.partitions)
-            .map_err(append_error)
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            // Creating a topic is a synced RocksDB write: the blocking pool's.
+            super::spawn_blocking(move || {
+                let info = EmbeddedLog::ensure_topic(&log, &topic).map_err(append_error)?;
+                TopicFacts::read(info.partitions, with_offsets, |p| {
+                    EmbeddedLog::offsets(&log, &topic, p).map_err(|e| e.to_string())
+                })
+            })
+            .await
+            .unwrap_or_else(|e| Err(AppendError::Unavailable(format!("topic task failed: {e}"))))
+        })
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
@@ -441,6 +507,17 @@ impl MemoryLog {
         }
     }
 
+    /// The partition count of a topic, created with the default count if needed.
+    pub fn ensure_topic(&self, topic: &TopicName) -> u32 {
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.default_partitions;
+        let t = topics.entry(topic.clone()).or_insert_with(|| MemTopic {
+            partitions: vec![Vec::new(); n as usize],
+            earliest: vec![0; n as usize],
+        });
+        t.partitions.len() as u32
+    }
+
     /// Refuses every append with this reason (as the embedded log does after a failed
     /// write), or takes appends again with `None`; for tests.
     pub fn set_fault(&self, fault: Option<String>) {
@@ -504,7 +581,7 @@ impl LogPort for Arc<MemoryLog> {
             if let Some(fault) = LogPort::fault(&log) {
                 return Err(AppendError::Unavailable(fault));
             }
-            let n = log.ensure_topic(&topic)?;
+            let n = log.ensure_topic(&topic);
             let mut out = Vec::with_capacity(items.len());
             {
                 let mut topics = log.topics.lock().unwrap_or_else(|p| p.into_inner());
@@ -530,14 +607,15 @@ impl LogPort for Arc<MemoryLog> {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        let n = self.default_partitions;
-        let t = topics.entry(topic.clone()).or_insert_with(|| MemTopic {
-            partitions: vec![Vec::new(); n as usize],
-            earliest: vec![0; n as usize],
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        let facts = TopicFacts::read(self.ensure_topic(&topic), with_offsets, |p| {
+            self.offsets(&topic, p)
         });
-        Ok(t.partitions.len() as u32)
+        Box::pin(async move { facts })
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {

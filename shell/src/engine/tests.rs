@@ -14,6 +14,7 @@ use crate::event::{parse_publish, PublishLimits};
 use crate::state::{MemoryDisk, MemoryStore};
 
 mod revoke;
+mod topics;
 
 fn g(s: &str) -> GroupName {
     GroupName::new(s).unwrap()
@@ -25,7 +26,7 @@ fn c(s: &str) -> ClientId {
     ClientId::new(s).unwrap()
 }
 
-fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Event> {
+fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Published> {
     let items: Vec<String> = (0..n)
         .map(|i| {
             let key = key.map_or(String::new(), |k| format!(",\"partitionkey\":\"{k}\""));
@@ -59,14 +60,14 @@ fn config() -> EngineConfig {
     cfg
 }
 
-fn boot(log: Arc<MemoryLog>, disk: MemoryDisk) -> Rig {
+async fn boot(log: Arc<MemoryLog>, disk: MemoryDisk) -> Rig {
     let state = Arc::new(StoreAdapter::new(Box::new(MemoryStore::open(disk.clone()))));
-    let (handle, _join) = start(config(), Arc::new(log.clone()), state).unwrap();
+    let (handle, _join) = start(config(), Arc::new(log.clone()), state).await.unwrap();
     Rig { handle, log, disk }
 }
 
-fn fresh() -> Rig {
-    boot(Arc::new(MemoryLog::new(2)), MemoryDisk::new())
+async fn fresh() -> Rig {
+    boot(Arc::new(MemoryLog::new(2)), MemoryDisk::new()).await
 }
 
 async fn ready(rig: &Rig) {
@@ -102,7 +103,7 @@ async fn take(rig: &Rig, group: &str, client: &str, n: usize) -> Vec<unimesh_cor
 
 #[tokio::test]
 async fn publish_poll_ack_round_trip() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     assert!(rig.handle.subscribe(spec("g", "orders")).await.unwrap());
     let placed = rig
@@ -129,7 +130,7 @@ async fn publish_poll_ack_round_trip() {
 
 #[tokio::test]
 async fn a_waiting_poll_wakes_on_publish_and_an_idle_one_times_out_empty() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(spec("g", "orders")).await.unwrap();
     let empty = rig.handle.poll(&g("g"), &c("c"), 10, 30).await.unwrap();
@@ -147,7 +148,7 @@ async fn a_waiting_poll_wakes_on_publish_and_an_idle_one_times_out_empty() {
 
 #[tokio::test]
 async fn two_groups_each_get_everything_and_two_clients_share_one_group() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(spec("a", "t")).await.unwrap();
     rig.handle.subscribe(spec("b", "t")).await.unwrap();
@@ -172,7 +173,7 @@ async fn two_groups_each_get_everything_and_two_clients_share_one_group() {
 
 #[tokio::test]
 async fn restart_keeps_progress_rejects_stale_acks_and_redelivers_in_flight() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(spec("g", "t")).await.unwrap();
     rig.handle
@@ -188,7 +189,7 @@ async fn restart_keeps_progress_rejects_stale_acks_and_redelivers_in_flight() {
         .unwrap();
     rig.handle.shutdown().await.unwrap();
 
-    let rig = boot(rig.log.clone(), rig.disk.clone());
+    let rig = boot(rig.log.clone(), rig.disk.clone()).await;
     ready(&rig).await;
     let again = take(&rig, "g", "c", 2).await;
     let mut offsets: Vec<_> = again.iter().map(|d| d.record.offset).collect();
@@ -206,7 +207,7 @@ async fn restart_keeps_progress_rejects_stale_acks_and_redelivers_in_flight() {
 
 #[tokio::test]
 async fn nack_dead_letters_after_max_attempts_and_replay_brings_it_back() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     let mut s = spec("g", "t");
     s.max_attempts = 2;
@@ -259,7 +260,7 @@ async fn nack_dead_letters_after_max_attempts_and_replay_brings_it_back() {
 
 #[tokio::test]
 async fn latest_start_skips_earlier_events() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.publish(&t("t"), events(3, None)).await.unwrap();
     let mut s = spec("g", "t");
@@ -277,7 +278,7 @@ async fn latest_start_skips_earlier_events() {
 
 #[tokio::test]
 async fn unknown_group_and_topic_are_reported() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     assert_eq!(
         rig.handle
@@ -300,7 +301,7 @@ async fn unknown_group_and_topic_are_reported() {
 
 #[tokio::test]
 async fn a_failing_store_answers_unavailable_and_recovers() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.disk.fail_next_commits(1);
     let r = rig.handle.subscribe(spec("g", "t")).await;
@@ -313,7 +314,7 @@ async fn a_failing_store_answers_unavailable_and_recovers() {
 
 #[tokio::test]
 async fn rate_limit_refuses_over_the_rate() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle
         .set_rate_limit(
@@ -334,7 +335,7 @@ async fn rate_limit_refuses_over_the_rate() {
 
 #[tokio::test]
 async fn an_abandoned_poll_loses_its_credit_before_anything_is_handed_to_it() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(spec("g", "t")).await.unwrap();
     let h = rig.handle.clone();
@@ -354,7 +355,7 @@ async fn an_abandoned_poll_loses_its_credit_before_anything_is_handed_to_it() {
 
 #[tokio::test]
 async fn a_seek_outside_the_log_is_refused_and_changes_nothing() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(spec("g", "t")).await.unwrap();
     let placed = rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
@@ -431,7 +432,7 @@ async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
 /// with an ACK timeout of an hour.
 #[tokio::test]
 async fn a_failed_write_hands_the_delivery_back_at_once() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(patient("g", "t")).await.unwrap();
     let s = rig.handle.open_stream(&g("g"), &c("c"), 8).await.unwrap();
@@ -455,7 +456,7 @@ async fn a_failed_write_hands_the_delivery_back_at_once() {
 /// while the written one stays with the first client until ACKed.
 #[tokio::test]
 async fn a_closed_stream_hands_back_what_it_had_not_written() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(patient("g", "t")).await.unwrap();
     let s = rig
@@ -494,7 +495,7 @@ async fn a_closed_stream_hands_back_what_it_had_not_written() {
 /// stream dropped (they stay in flight), the same client opens a stream again.
 #[tokio::test]
 async fn a_reconnect_gets_everything_not_acked_again_at_once() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(patient("g", "t")).await.unwrap();
     let s = rig.handle.open_stream(&g("g"), &c("c"), 8).await.unwrap();
@@ -530,7 +531,7 @@ async fn a_reconnect_gets_everything_not_acked_again_at_once() {
 /// brings no fourth.
 #[tokio::test]
 async fn a_stream_gets_its_window_and_no_more_than_max_in_flight() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     let mut sp = patient("g", "t");
     sp.max_in_flight_per_client = 3;
@@ -556,7 +557,7 @@ async fn a_stream_gets_its_window_and_no_more_than_max_in_flight() {
 /// Goal: the engine ends the sessions of a deleted group, and its transport sees the end.
 #[tokio::test]
 async fn deleting_the_group_ends_its_streams() {
-    let rig = fresh();
+    let rig = fresh().await;
     ready(&rig).await;
     rig.handle.subscribe(patient("g", "t")).await.unwrap();
     let s = rig.handle.open_stream(&g("g"), &c("c"), 2).await.unwrap();

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 use bytes::Bytes;
 use cloudevents::event::AttributeValue;
-use cloudevents::{AttributesReader, Data};
+
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::HeaderMap;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use super::attrs::Origin;
 use super::error::DecodeError;
-use super::json::{event_from_json, format_time};
+use super::json::{format_time, published_from_json};
 
 pub const OFFSET_EXTENSION: &str = "emmqoffset";
 pub const PARTITION_EXTENSION: &str = "emmqpartition";
@@ -46,30 +46,87 @@ pub fn delivery_event_json(
     partition: u32,
     offset: u64,
 ) -> Result<Box<RawValue>, DecodeError> {
-    let text = std::str::from_utf8(stored)
-        .map_err(|e| DecodeError::new(format!("stored event is not UTF-8: {e}")))?;
-    let body = text.trim_start_matches(JSON_WS);
-    if let Some(rest) = body.strip_prefix('{') {
-        let may_hold_member = memchr::memmem::find(stored, b"\"emmq").is_some()
-            || memchr::memmem::find(stored, b"\\u").is_some();
-        if !may_hold_member {
-            let mut out = String::with_capacity(text.len() + 64);
-            // Writing to a String cannot fail.
-            let _ = write!(
-                out,
-                "{{\"{PARTITION_EXTENSION}\":\"{partition}\",\"{OFFSET_EXTENSION}\":\"{offset}\""
-            );
-            if !rest.trim_start_matches(JSON_WS).starts_with('}') {
-                out.push(',');
-            }
-            out.push_str(rest);
-            // Validation is what makes the splice safe: a stored record that is not one
-            // complete JSON object fails here instead of producing broken output.
-            if let Ok(raw) = RawValue::from_string(out) {
-                return Ok(raw);
-            }
+    if let Some(out) = splice(stored, stored, partition, offset) {
+        // Validation is what makes the splice safe: a stored record that is not one
+        // complete JSON object fails here instead of producing broken output.
+        if let Ok(raw) = RawValue::from_string(out) {
+            return Ok(raw);
         }
     }
+    parsed_delivery_event_json(stored, partition, offset)
+}
+
+/// [`delivery_event_json`] as text, for stored bytes already known to be one complete JSON
+/// object: those of a record whose routing attributes decoded (`decode_stored` read every
+/// byte of it, data included, and refused trailing text). The splice is not checked again —
+/// that check was a second parse of every delivered event. Where the splice cannot be taken
+/// (the event may already hold `emmq*` members), the members are replaced as in
+/// [`delivery_event_json`].
+pub fn delivery_event_json_decoded(
+    stored: &[u8],
+    partition: u32,
+    offset: u64,
+) -> Result<String, DecodeError> {
+    match splice(stored, members_before_data(stored), partition, offset) {
+        Some(out) => Ok(out),
+        None => {
+            parsed_delivery_event_json(stored, partition, offset).map(|raw| raw.get().to_owned())
+        }
+    }
+}
+
+/// The fast path of [`delivery_event_json`]: the two members written after the opening
+/// brace of the stored object, with no parse tree; `None` when the stored bytes are not
+/// UTF-8 text of an object or `names` (the part of them where top-level member names may
+/// be) could already hold either member (an `"emmq`, or a `\u` escape that could spell
+/// it). Not checked: see the callers.
+fn splice(stored: &[u8], names: &[u8], partition: u32, offset: u64) -> Option<String> {
+    let text = std::str::from_utf8(stored).ok()?;
+    let rest = text.trim_start_matches(JSON_WS).strip_prefix('{')?;
+    if memchr::memmem::find(names, b"\"emmq").is_some()
+        || memchr::memmem::find(names, b"\\u").is_some()
+    {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 64);
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "{{\"{PARTITION_EXTENSION}\":\"{partition}\",\"{OFFSET_EXTENSION}\":\"{offset}\""
+    );
+    if !rest.trim_start_matches(JSON_WS).starts_with('}') {
+        out.push(',');
+    }
+    // Trailing whitespace goes, as in a `RawValue`.
+    out.push_str(rest.trim_end_matches(JSON_WS));
+    Some(out)
+}
+
+/// The stored bytes before the top-level `data` (or `data_base64`) member, which the
+/// mesh's stored form writes last, after every attribute: the data's own text (its
+/// escapes, its nested members) holds no top-level member name. Found as `"data":` or
+/// `"data_base64":` right after `{` or `,` — inside a string every `"` is escaped, so there
+/// the sequence cannot occur. The whole when there is no data.
+pub(super) fn members_before_data(stored: &[u8]) -> &[u8] {
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&stored[from..], b"\"data").map(|i| from + i) {
+        let name = &stored[at..];
+        let structural = at > 0 && matches!(stored[at - 1], b',' | b'{');
+        if structural && (name.starts_with(b"\"data\":") || name.starts_with(b"\"data_base64\":")) {
+            return &stored[..at];
+        }
+        from = at + 1;
+    }
+    stored
+}
+
+/// The slow path of [`delivery_event_json`]: the stored object parsed, the two members
+/// replaced, written again.
+fn parsed_delivery_event_json(
+    stored: &[u8],
+    partition: u32,
+    offset: u64,
+) -> Result<Box<RawValue>, DecodeError> {
     let mut map: Map<String, Value> = serde_json::from_slice(stored)
         .map_err(|e| DecodeError::new(format!("stored event is not a JSON object: {e}")))?;
     map.insert(
@@ -94,7 +151,8 @@ pub fn to_binary_request_parts(
     partition: u32,
     offset: u64,
 ) -> Result<(HeaderMap, Bytes), DecodeError> {
-    let event = event_from_json(stored, Origin::Stored)?;
+    let published = published_from_json(stored, Origin::Stored)?;
+    let event = published.event();
     let mut headers = HeaderMap::new();
     for (name, value) in event.iter_attributes() {
         if name == "datacontenttype" {
@@ -112,13 +170,7 @@ pub fn to_binary_request_parts(
     insert_ce_header(&mut headers, PARTITION_EXTENSION, &partition.to_string())?;
     insert_ce_header(&mut headers, OFFSET_EXTENSION, &offset.to_string())?;
 
-    let content_type = match (event.datacontenttype(), event.data()) {
-        (Some(ct), _) => Some(ct.to_owned()),
-        // JSON data without a content type is JSON by the event format's default; say so,
-        // because in binary mode the receiver has nothing else to go by.
-        (None, Some(Data::Json(_))) => Some("application/json".to_owned()),
-        (None, _) => None,
-    };
+    let (content_type, body) = published.binary_body();
     if let Some(ct) = content_type {
         let v = HeaderValue::from_str(&ct).map_err(|_| {
             DecodeError::new(format!(
@@ -127,15 +179,6 @@ pub fn to_binary_request_parts(
         })?;
         headers.insert(CONTENT_TYPE, v);
     }
-    let body = match event.data() {
-        None => Bytes::new(),
-        Some(Data::Binary(b)) => Bytes::from(b.clone()),
-        Some(Data::String(s)) => Bytes::from(s.clone().into_bytes()),
-        Some(Data::Json(v)) => Bytes::from(
-            serde_json::to_vec(v)
-                .map_err(|e| DecodeError::new(format!("cannot write JSON data: {e}")))?,
-        ),
-    };
     Ok((headers, body))
 }
 

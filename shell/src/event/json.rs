@@ -16,31 +16,28 @@ use cloudevents::event::AttributeValue;
 use cloudevents::{Data, Event};
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::attrs::{echo, is_json_media_type, AttrValue, Draft, Naming, Origin};
 use super::error::{Field, PublishError};
+use super::published::Published;
 
-/// Reads one structured-mode event (a JSON object).
-pub(crate) fn event_from_json(bytes: &[u8], origin: Origin) -> Result<Event, PublishError> {
+/// Reads one structured-mode event (a JSON object), JSON data kept as written.
+pub(crate) fn published_from_json(bytes: &[u8], origin: Origin) -> Result<Published, PublishError> {
     let members: Members = serde_json::from_slice(bytes).map_err(|e| {
         PublishError::invalid(None, format!("the event is not a valid JSON object: {e}"))
     })?;
-    event_from_members(members.0, origin)
+    published_from_members(members, origin)
 }
 
-fn event_from_members(
-    members: Vec<(String, Value)>,
-    origin: Origin,
-) -> Result<Event, PublishError> {
+fn published_from_members(members: Members, origin: Origin) -> Result<Published, PublishError> {
     let mut draft = Draft::new(origin, Naming::Attribute);
-    let mut data = None;
     let mut data_base64 = None;
-    for (name, value) in members {
+    for (name, value) in members.attributes {
         match name.as_str() {
-            "data" if !value.is_null() => data = Some(value),
             "data_base64" if !value.is_null() => data_base64 = Some(value),
-            "data" | "data_base64" => {}
+            "data_base64" => {}
             _ => {
                 if let Some(v) = AttrValue::from_json(value) {
                     draft.set(&name, v)?;
@@ -48,6 +45,8 @@ fn event_from_members(
             }
         }
     }
+    // JSON null is how the event format writes "no data".
+    let data = members.data.filter(|raw| raw.get() != "null");
     let attr = |n: &str| Some(Field::Attribute(n.to_owned()));
     let data = match (data, data_base64) {
         (Some(_), Some(_)) => {
@@ -67,25 +66,49 @@ fn event_from_members(
                 "must be a string of base64",
             ))
         }
-        (Some(v), None) if is_json_media_type(draft.datacontenttype()) => Some(Data::Json(v)),
-        (Some(Value::String(s)), None) => Some(Data::String(s)),
-        (Some(_), None) => {
-            return Err(PublishError::invalid(
-                attr("data"),
-                format!(
-                    "must be a JSON string because datacontenttype {} is not JSON \
-                     (binary data goes in 'data_base64')",
-                    echo(draft.datacontenttype().unwrap_or(""))
-                ),
-            ))
+        (Some(raw), None) if is_json_media_type(draft.datacontenttype()) => {
+            return Ok(Published::with_json_data(draft.finish(None)?, raw));
         }
+        (Some(raw), None) => match serde_json::from_str::<String>(raw.get()) {
+            Ok(text) => Some(Data::String(text)),
+            Err(_) => {
+                return Err(PublishError::invalid(
+                    attr("data"),
+                    format!(
+                        "must be a JSON string because datacontenttype {} is not JSON \
+                         (binary data goes in 'data_base64')",
+                        echo(draft.datacontenttype().unwrap_or(""))
+                    ),
+                ))
+            }
+        },
         (None, None) => None,
     };
-    draft.finish(data)
+    Ok(Published::new(draft.finish(data)?))
 }
 
-/// The members of a JSON object in document order, refusing duplicates.
-pub(crate) struct Members(pub(crate) Vec<(String, Value)>);
+/// The members of a JSON object in document order, refusing duplicates: `data` kept as
+/// written (checked JSON), the others as trees (attributes are small).
+pub(crate) struct Members {
+    attributes: Vec<(String, Value)>,
+    data: Option<Box<RawValue>>,
+    /// How many attributes came before `data` (for the tests' view of the order).
+    #[cfg_attr(not(test), allow(dead_code))]
+    data_at: usize,
+}
+
+#[cfg(test)]
+impl Members {
+    /// Every member in document order, `data` as a tree.
+    pub(crate) fn pairs(&self) -> Vec<(String, Value)> {
+        let mut out = self.attributes.clone();
+        if let Some(raw) = &self.data {
+            let tree = serde_json::from_str(raw.get()).expect("checked JSON");
+            out.insert(self.data_at, ("data".to_owned(), tree));
+        }
+        out
+    }
+}
 
 impl<'de> Deserialize<'de> for Members {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -103,13 +126,26 @@ impl<'de> Visitor<'de> for MembersVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
-        let mut out: Vec<(String, Value)> = Vec::new();
-        while let Some((k, v)) = map.next_entry::<String, Value>()? {
-            out.push((k, v));
+        let mut attributes: Vec<(String, Value)> = Vec::new();
+        let mut data: Option<Box<RawValue>> = None;
+        let mut data_seen = false;
+        let mut data_at = 0;
+        while let Some(k) = map.next_key::<String>()? {
+            if k == "data" {
+                if data_seen {
+                    return Err(de::Error::custom("member \"data\" appears more than once"));
+                }
+                data_seen = true;
+                data_at = attributes.len();
+                data = Some(map.next_value::<Box<RawValue>>()?);
+            } else {
+                let v = map.next_value::<Value>()?;
+                attributes.push((k, v));
+            }
         }
         // Sorting indices keeps document order for the error message and costs O(n log n)
         // however many members a hostile event carries.
-        let mut names: Vec<&str> = out.iter().map(|(k, _)| k.as_str()).collect();
+        let mut names: Vec<&str> = attributes.iter().map(|(k, _)| k.as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(de::Error::custom(format_args!(
@@ -117,17 +153,24 @@ impl<'de> Visitor<'de> for MembersVisitor {
                 echo(w[0])
             )));
         }
-        Ok(Members(out))
+        Ok(Members {
+            attributes,
+            data,
+            data_at,
+        })
     }
 }
 
 /// An event as a structured-mode JSON object: the attributes in spec order, the extensions
-/// sorted by name, the data last.
-pub(crate) struct StructuredJson<'a>(pub(crate) &'a Event);
+/// sorted by name, the data last — `json_data` as written when given, else the event's own.
+pub(crate) struct StructuredJson<'a> {
+    pub(crate) event: &'a Event,
+    pub(crate) json_data: Option<&'a RawValue>,
+}
 
 impl Serialize for StructuredJson<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let event = self.0;
+        let event = self.event;
         let mut map = s.serialize_map(None)?;
         for (name, value) in event.iter_attributes() {
             match value {
@@ -141,6 +184,10 @@ impl Serialize for StructuredJson<'_> {
         extensions.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (name, value) in extensions {
             map.serialize_entry(name, value)?;
+        }
+        if let Some(raw) = self.json_data {
+            map.serialize_entry("data", raw)?;
+            return map.end();
         }
         match event.data() {
             Some(Data::Json(v)) => map.serialize_entry("data", v)?,

@@ -15,16 +15,16 @@
 
 use bytes::Bytes;
 use cloudevents::event::AttributeValue;
-use cloudevents::{AttributesReader, Data};
+
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::HeaderMap;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 
 use super::attrs::Origin;
 use super::error::DecodeError;
-use super::json::{event_from_json, format_time};
+use super::json::{format_time, published_from_json};
 use super::publish::{parse_binary, PublishLimits, STRUCTURED_MEDIA_TYPE};
-use super::stored::{encode_stored, PARTITION_KEY_EXTENSION};
+use super::stored::PARTITION_KEY_EXTENSION;
 
 /// The prefix of an attribute header in the Kafka binding.
 pub const KAFKA_HEADER_PREFIX: &str = "ce_";
@@ -38,8 +38,9 @@ pub struct KafkaRecord {
 
 /// The binary-mode Kafka record of a stored event.
 pub fn to_kafka(stored: &[u8]) -> Result<KafkaRecord, DecodeError> {
-    let event = event_from_json(stored, Origin::Stored)
+    let published = published_from_json(stored, Origin::Stored)
         .map_err(|e| DecodeError::new(format!("stored event cannot be read: {e}")))?;
+    let event = published.event();
     let mut headers = Vec::new();
     for (name, value) in event.iter_attributes() {
         if name == "datacontenttype" {
@@ -57,25 +58,12 @@ pub fn to_kafka(stored: &[u8]) -> Result<KafkaRecord, DecodeError> {
             value.to_string().into_bytes(),
         ));
     }
-    let content_type = match (event.datacontenttype(), event.data()) {
-        (Some(ct), _) => Some(ct.to_owned()),
-        // JSON data without a content type is JSON by the event format's default; a binary
-        // mode reader has nothing else to go by.
-        (None, Some(Data::Json(_))) => Some("application/json".to_owned()),
-        (None, _) => None,
-    };
+    // JSON data without a content type is JSON by the event format's default; a binary
+    // mode reader has nothing else to go by.
+    let (content_type, value) = published.binary_body();
     if let Some(ct) = content_type {
         headers.push(("content-type".to_owned(), ct.into_bytes()));
     }
-    let value = match event.data() {
-        None => Bytes::new(),
-        Some(Data::Binary(b)) => Bytes::from(b.clone()),
-        Some(Data::String(s)) => Bytes::from(s.clone().into_bytes()),
-        Some(Data::Json(v)) => Bytes::from(
-            serde_json::to_vec(v)
-                .map_err(|e| DecodeError::new(format!("cannot write JSON data: {e}")))?,
-        ),
-    };
     Ok(KafkaRecord { headers, value })
 }
 
@@ -120,10 +108,10 @@ pub fn from_kafka(
                 value.len()
             )));
         }
-        let mut event = event_from_json(value, Origin::Publish)
+        let mut event = published_from_json(value, Origin::Publish)
             .map_err(|e| DecodeError::new(format!("invalid structured CloudEvent: {e}")))?;
-        keyed(&mut event, key);
-        return Ok(encode_stored(&event));
+        keyed(event.attributes_mut(), key);
+        return Ok(event.stored());
     }
     // Binary mode: the HTTP binding's reader does the validation. Its header values are
     // percent-decoded, so every value is percent-encoded here and comes back byte for byte.
@@ -152,8 +140,8 @@ pub fn from_kafka(
     }
     let mut event = parse_binary(&map, value, &limits)
         .map_err(|e| DecodeError::new(format!("invalid binary-mode CloudEvent: {e}")))?;
-    keyed(&mut event, key);
-    Ok(encode_stored(&event))
+    keyed(event.attributes_mut(), key);
+    Ok(event.stored())
 }
 
 /// The record key as the event's `partitionkey` when it has none: the Kafka binding maps
@@ -182,7 +170,9 @@ mod tests {
     use crate::event::decode_stored;
 
     fn stored(json: &str) -> Bytes {
-        encode_stored(&event_from_json(json.as_bytes(), Origin::Publish).expect("valid event"))
+        published_from_json(json.as_bytes(), Origin::Publish)
+            .expect("valid event")
+            .stored()
     }
 
     fn borrowed(r: &KafkaRecord) -> Vec<(&str, Option<&[u8]>)> {

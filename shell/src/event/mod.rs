@@ -12,10 +12,10 @@
 //!   with the extensions `emmqpartition` and `emmqoffset` (as strings), as structured JSON
 //!   or as a binary-mode HTTP request for webhook push.
 //!
-//! Round trip: what [`parse_publish`] accepts, [`encode_stored`] writes and
+//! Round trip: what [`parse_publish`] accepts ([`Published`]: JSON data kept as the
+//! publisher wrote it, checked, never built into a tree), [`Published::stored`] writes and
 //! [`delivery_event_json`] delivers with every attribute, extension and the data intact
-//! (times are normalised to UTC; JSON numbers keep 64-bit integer or f64 precision, as in
-//! `serde_json::Value`).
+//! (times are normalised to UTC; JSON data keeps its exact text).
 
 mod attrs;
 mod delivery;
@@ -23,12 +23,14 @@ mod error;
 mod json;
 mod kafka;
 mod publish;
+mod published;
 mod stored;
 
 pub use attrs::{EXTENSION_NAME_MAX, RESERVED_EXTENSIONS};
 pub use cloudevents::Event;
 pub use delivery::{
-    delivery_event_json, to_binary_request_parts, OFFSET_EXTENSION, PARTITION_EXTENSION,
+    delivery_event_json, delivery_event_json_decoded, to_binary_request_parts, OFFSET_EXTENSION,
+    PARTITION_EXTENSION,
 };
 pub use error::{DecodeError, Field, PublishError, PublishErrorKind};
 pub use kafka::{from_kafka, to_kafka, KafkaRecord, KAFKA_HEADER_PREFIX};
@@ -36,6 +38,7 @@ pub use publish::{
     parse_publish, publish_mode, PublishLimits, PublishMode, BATCH_MEDIA_TYPE,
     STRUCTURED_MEDIA_TYPE,
 };
+pub use published::Published;
 pub use stored::{decode_stored, encode_stored, partition_key, PARTITION_KEY_EXTENSION};
 
 #[cfg(test)]

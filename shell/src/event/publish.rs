@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::fmt;
 
-use cloudevents::{Data, Event};
+use cloudevents::Data;
 use http::header::CONTENT_TYPE;
 use http::HeaderMap;
 use percent_encoding::percent_decode;
@@ -17,7 +17,8 @@ use super::attrs::{
     echo, is_json_media_type, is_text_media_type, AttrValue, Draft, Naming, Origin,
 };
 use super::error::{Field, PublishError};
-use super::json::event_from_json;
+use super::json::published_from_json;
+use super::published::Published;
 
 pub const STRUCTURED_MEDIA_TYPE: &str = "application/cloudevents+json";
 pub const BATCH_MEDIA_TYPE: &str = "application/cloudevents-batch+json";
@@ -101,7 +102,7 @@ pub fn parse_publish(
     headers: &HeaderMap,
     body: &[u8],
     limits: &PublishLimits,
-) -> Result<Vec<Event>, PublishError> {
+) -> Result<Vec<Published>, PublishError> {
     if body.len() > limits.max_request_bytes {
         return Err(PublishError::too_large(format!(
             "request body is {} bytes, over the limit of {}",
@@ -113,7 +114,7 @@ pub fn parse_publish(
         PublishMode::Binary => Ok(vec![parse_binary(headers, body, limits)?]),
         PublishMode::Structured => {
             check_event_size(body.len(), limits)?;
-            Ok(vec![event_from_json(body, Origin::Publish)?])
+            Ok(vec![published_from_json(body, Origin::Publish)?])
         }
         PublishMode::Batch => parse_batch(body, limits),
     }
@@ -166,7 +167,7 @@ pub(super) fn parse_binary(
     headers: &HeaderMap,
     body: &[u8],
     limits: &PublishLimits,
-) -> Result<Event, PublishError> {
+) -> Result<Published, PublishError> {
     let header_bytes: usize = headers
         .iter()
         .filter(|(k, _)| k.as_str().starts_with("ce-"))
@@ -226,11 +227,12 @@ pub(super) fn parse_binary(
         // Without a content type the body is opaque: no guessing that it is JSON.
         None => Some(Data::Binary(body.to_vec())),
         Some(ct) if is_json_media_type(Some(ct)) => {
-            match serde_json::from_slice(body) {
+            // Kept as written (checked to be one JSON value), not as a tree.
+            match serde_json::from_slice::<Box<RawValue>>(body) {
                 // JSON null is how the event format writes "no data"; keeping it as data
                 // would not survive the stored form.
-                Ok(serde_json::Value::Null) => None,
-                Ok(v) => Some(Data::Json(v)),
+                Ok(raw) if raw.get() == "null" => None,
+                Ok(raw) => return Ok(Published::with_json_data(draft.finish(None)?, raw)),
                 Err(e) => {
                     return Err(PublishError::invalid(
                         None,
@@ -247,10 +249,10 @@ pub(super) fn parse_binary(
             _ => Some(Data::Binary(body.to_vec())),
         },
     };
-    draft.finish(data)
+    Ok(Published::new(draft.finish(data)?))
 }
 
-fn parse_batch(body: &[u8], limits: &PublishLimits) -> Result<Vec<Event>, PublishError> {
+fn parse_batch(body: &[u8], limits: &PublishLimits) -> Result<Vec<Published>, PublishError> {
     let overflow = Cell::new(false);
     let mut de = serde_json::Deserializer::from_slice(body);
     let items = BatchSeed {
@@ -281,7 +283,7 @@ fn parse_batch(body: &[u8], limits: &PublishLimits) -> Result<Vec<Event>, Publis
         .iter()
         .enumerate()
         .map(|(i, raw)| {
-            event_from_json(raw.get().as_bytes(), Origin::Publish).map_err(|e| e.at_index(i))
+            published_from_json(raw.get().as_bytes(), Origin::Publish).map_err(|e| e.at_index(i))
         })
         .collect()
 }

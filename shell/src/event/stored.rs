@@ -24,8 +24,11 @@ pub const PARTITION_KEY_EXTENSION: &str = "partitionkey";
 pub fn encode_stored(event: &Event) -> Bytes {
     // Serialising cannot fail: every key is a `&str` and every value a string, a bool, an
     // integer or a `serde_json::Value`, which holds no non-finite floats.
-    let bytes = serde_json::to_vec(&StructuredJson(event))
-        .expect("serialising an event to JSON is infallible");
+    let bytes = serde_json::to_vec(&StructuredJson {
+        event,
+        json_data: None,
+    })
+    .expect("serialising an event to JSON is infallible");
     Bytes::from(bytes)
 }
 

@@ -37,8 +37,12 @@ fn batch() -> HeaderMap {
     headers(&[("content-type", BATCH_MEDIA_TYPE)])
 }
 
+/// The events of a publish as the SDK holds them (JSON data as a tree).
 fn parse(h: &HeaderMap, body: &[u8]) -> Result<Vec<Event>, PublishError> {
-    parse_publish(h, body, &PublishLimits::default())
+    parse_publish(h, body, &PublishLimits::default())?
+        .into_iter()
+        .map(Published::into_event)
+        .collect()
 }
 
 fn one(h: &HeaderMap, body: &[u8]) -> Event {
@@ -80,7 +84,7 @@ fn delivery_value(stored: &[u8], p: u32, o: u64) -> serde_json::Map<String, Valu
     let raw = delivery_event_json(stored, p, o).expect("delivery JSON");
     let members: Members =
         serde_json::from_str(raw.get()).expect("delivery JSON has no duplicates");
-    members.0.into_iter().collect()
+    members.pairs().into_iter().collect()
 }
 
 /// Re-reads delivered binary parts through the publish parser, after checking and removing
@@ -142,6 +146,36 @@ fn assert_round_trip(event: &Event) {
 /// What survives the HTTP binary binding by its nature: every extension is a header string,
 /// JSON data is labelled `application/json` when it had no content type, an empty body is no
 /// data, and bytes under a JSON content type are JSON.
+/// What a publish stores — JSON data as written — reads back as the event does with its
+/// data as a tree: the same routing attributes, and structured and binary deliveries that
+/// parse to the same event; the two delivery renderings agree.
+fn assert_published_round_trip(published: &Published) {
+    let event = published.clone().into_event().expect("checked JSON data");
+    let stored = published.stored();
+    assert_eq!(
+        decode_stored(&stored).expect("decode_stored"),
+        decode_stored(&encode_stored(&event)).expect("decode_stored"),
+    );
+    let checked = delivery_event_json(&stored, 7, 9).expect("delivery JSON");
+    let decoded = delivery_event_json_decoded(&stored, 7, 9).expect("delivery JSON");
+    let as_value = |text: &str| serde_json::from_str::<Value>(text).expect("valid JSON");
+    assert_eq!(as_value(&decoded), as_value(checked.get()));
+    let mut delivered = delivery_value(&stored, 7, 9);
+    delivered.remove("emmqpartition");
+    delivered.remove("emmqoffset");
+    let again = one(
+        &structured(),
+        &serde_json::to_vec(&delivered).expect("re-serialise"),
+    );
+    assert_eq!(again, event, "structured delivery of the stored form");
+    let parts = to_binary_request_parts(&stored, 0, 1).expect("parts");
+    assert_eq!(
+        reparse_binary(parts, 0, 1),
+        as_binary_mode_sees_it(&event),
+        "binary delivery of the stored form"
+    );
+}
+
 fn as_binary_mode_sees_it(event: &Event) -> Event {
     let mut e = event.clone();
     match e.data() {
@@ -940,7 +974,8 @@ fn stored_form_is_deterministic_and_puts_data_last() {
         assert_eq!(encode_stored(&again), first);
     }
     let members: Members = serde_json::from_slice(&first).expect("members");
-    let names: Vec<&str> = members.0.iter().map(|(k, _)| k.as_str()).collect();
+    let pairs = members.pairs();
+    let names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         names,
         [
@@ -1021,14 +1056,64 @@ fn delivery_json_overrides_stored_position_members_even_when_escaped() {
     for stored in cases {
         let raw = delivery_event_json(stored, 4, 77).expect("json");
         let members: Members = serde_json::from_str(raw.get()).expect("no duplicate members");
-        let offsets: Vec<&Value> = members
-            .0
+        let pairs = members.pairs();
+        let offsets: Vec<&Value> = pairs
             .iter()
             .filter(|(k, _)| k == "emmqoffset")
             .map(|(_, v)| v)
             .collect();
         assert_eq!(offsets, vec![&json!("77")], "{}", raw.get());
     }
+}
+
+/// Goal: JSON data is stored and delivered as the publisher wrote it, escapes included,
+/// and its text does not send a decoded record's delivery down the slow path: only the
+/// members before the data can be top-level names. Method: data with `\u` escapes and a
+/// nested `emmqoffset`, published, stored, delivered: one top-level position, the data's
+/// text intact.
+#[test]
+fn json_data_is_kept_as_written_and_its_text_is_no_member_name() {
+    let body = br#"{"specversion":"1.0","id":"u","source":"/s","type":"t",
+        "data": {"name":"caf\u00e9","emmqoffset":1,  "n": 1e3}}"#;
+    let published = parse_publish(&structured(), body, &PublishLimits::default())
+        .expect("accepted")
+        .remove(0);
+    let stored = published.stored();
+    let text = std::str::from_utf8(&stored).expect("UTF-8");
+    assert!(
+        text.ends_with(r#","data":{"name":"caf\u00e9","emmqoffset":1,  "n": 1e3}}"#),
+        "{text}"
+    );
+    assert_eq!(
+        members_before_data_len(&stored),
+        text.find(r#""data":"#).expect("data")
+    );
+    let delivered = delivery_event_json_decoded(&stored, 3, 44).expect("delivery");
+    assert!(
+        delivered.starts_with(r#"{"emmqpartition":"3","emmqoffset":"44","specversion""#),
+        "the splice, not the parse: {delivered}"
+    );
+    let v: Value = serde_json::from_str(&delivered).expect("valid JSON");
+    assert_eq!(v["emmqoffset"], json!("44"));
+    assert_eq!(v["data"]["name"], json!("café"));
+    assert_eq!(v["data"]["emmqoffset"], json!(1));
+    // An attribute spelled with an escape still takes the checked path.
+    let escaped = br#"{"specversion":"1.0","id":"a","source":"/s","type":"t","\u0065mmqoffset":"1","data":1}"#;
+    let members: Members =
+        serde_json::from_str(&delivery_event_json_decoded(escaped, 4, 77).expect("json"))
+            .expect("no duplicate members");
+    let pairs = members.pairs();
+    let offsets: Vec<&Value> = pairs
+        .iter()
+        .filter(|(k, _)| k == "emmqoffset")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(offsets, vec![&json!("77")]);
+}
+
+/// The length of the part of a stored event before its data member (test hook).
+fn members_before_data_len(stored: &[u8]) -> usize {
+    super::delivery::members_before_data(stored).len()
 }
 
 #[test]
@@ -1357,6 +1442,11 @@ proptest! {
                 for e in &events {
                     assert_round_trip(e);
                 }
+                let published = parse_publish(&h, &body, &PublishLimits::default())
+                    .expect("accepted above");
+                for p in &published {
+                    assert_published_round_trip(p);
+                }
             }
             Err(e) => {
                 prop_assert!([400, 413, 415].contains(&e.status()));
@@ -1377,6 +1467,9 @@ proptest! {
         let (h, b) = to_binary_request_parts(&stored, 0, 1).expect("parts");
         let binary = reparse_binary((h, b), 0, 1);
         prop_assert_eq!(binary, as_binary_mode_sees_it(&e));
+        for p in parse_publish(&structured(), &body, &PublishLimits::default()).expect("accepted") {
+            assert_published_round_trip(&p);
+        }
         let batch_body = serde_json::to_vec(&vec![v.clone(), v]).expect("json");
         let both = parse(&batch(), &batch_body).expect("batch");
         prop_assert_eq!(both.len(), 2);

@@ -149,6 +149,10 @@ enum Need {
     On(&'static [Right], String),
 }
 
+/// The `reason` label of `unimesh_auth_refused_total` for a client certificate refused in
+/// the TLS handshake (`http::server`): no request was read, so there is no HTTP answer.
+pub const CERTIFICATE_REFUSED: &str = "certificate";
+
 /// Why a request was refused: the `reason` label of `unimesh_auth_refused_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {

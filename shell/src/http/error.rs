@@ -41,6 +41,32 @@ pub mod code {
     pub const UNKNOWN_GROUP: &str = "unknown-group";
     pub const UNKNOWN_TOPIC: &str = "unknown-topic";
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported-media-type";
+
+    /// Every code above: each is named in [`super::ErrorBody`]'s documentation (a test
+    /// holds it to that, so the OpenAPI documents list every code a client can meet).
+    pub const ALL: &[&str] = &[
+        CONFLICT,
+        FORBIDDEN,
+        INTERNAL,
+        INVALID_JSON,
+        INVALID_NAME,
+        INVALID_QUERY,
+        INVALID_REQUEST,
+        INVALID_SUBSCRIPTION,
+        LIMIT,
+        METHOD_NOT_ALLOWED,
+        NOT_FOUND,
+        ORIGIN_NOT_ALLOWED,
+        RATE_LIMITED,
+        REQUEST_TIMEOUT,
+        TLS_REQUIRED,
+        TOO_LARGE,
+        UNAUTHORIZED,
+        UNAVAILABLE,
+        UNKNOWN_GROUP,
+        UNKNOWN_TOPIC,
+        UNSUPPORTED_MEDIA_TYPE,
+    ];
 }
 
 /// The body of every error answer.
@@ -51,7 +77,8 @@ pub struct ErrorBody {
     /// `invalid-request`, `invalid-subscription`, `invalid-cloudevent`, `not-found`,
     /// `method-not-allowed`, `unknown-group`, `unknown-topic`, `conflict`, `limit`,
     /// `rate-limited`, `too-large`, `unsupported-media-type`, `request-timeout`,
-    /// `unavailable`, `internal`, `unauthorized`, `forbidden`, `origin-not-allowed`, ...
+    /// `unavailable`, `internal`, `unauthorized`, `forbidden`, `origin-not-allowed`,
+    /// `tls-required` (plain HTTP to a TLS port; the connection is closed after it).
     pub error: String,
     /// What was wrong, naming the field, header, parameter or limit.
     pub message: String,
@@ -261,6 +288,23 @@ mod tests {
     use unimesh_core::{GroupName, TopicName};
 
     use super::*;
+
+    /// Goal: the OpenAPI documents name every error code a client can meet. Method: the
+    /// schema utoipa generates for the error body, against every constant in `code`.
+    #[test]
+    fn the_error_schema_names_every_code() {
+        let schema = serde_json::to_string(&<ErrorBody as utoipa::PartialSchema>::schema())
+            .expect("a schema serializes");
+        let missing: Vec<&str> = code::ALL
+            .iter()
+            .copied()
+            .filter(|c| !schema.contains(&format!("`{c}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in ErrorBody's documentation: {missing:?}"
+        );
+    }
 
     #[test]
     fn engine_errors_map_to_the_documented_statuses() {

@@ -25,8 +25,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::SubjectPublicKeyInfoDer;
 use serde_json::{Map, Value};
+use spki::der::Decode as _;
+use spki::{ObjectIdentifier, SubjectPublicKeyInfoRef};
 
-use super::der::{spki_key, KeyKind};
 use crate::config::auth::Jwt;
 
 /// Shortest HMAC secret accepted: the size of the SHA-256 output (RFC 7518 §3.2).
@@ -235,8 +236,7 @@ fn key_from_file(path: &Path, alg: Algorithm) -> Result<DecodingKey, String> {
             _ => "no PEM PUBLIC KEY in it (openssl pkey -in KEY -pubout)".into(),
         })
     })?;
-    let (kind, bits) = spki_key(spki.as_ref())
-        .ok_or_else(|| bad("not an RSA, EC P-256 or Ed25519 public key".into()))?;
+    let (kind, bits) = spki_key(spki.as_ref()).map_err(bad)?;
     match (alg, kind) {
         (Algorithm::RS256, KeyKind::Rsa) => Ok(DecodingKey::from_rsa_der(bits)),
         (Algorithm::ES256, KeyKind::EcP256) => Ok(DecodingKey::from_ec_der(bits)),
@@ -246,6 +246,54 @@ fn key_from_file(path: &Path, alg: Algorithm) -> Result<DecodingKey, String> {
             alg_name(alg)
         ))),
     }
+}
+
+/// The kind of a public key, by its SubjectPublicKeyInfo algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyKind {
+    Rsa,
+    EcP256,
+    Ed25519,
+}
+
+/// rsaEncryption (RFC 8017).
+const RSA_ENCRYPTION: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+/// id-ecPublicKey (RFC 5480).
+const EC_PUBLIC_KEY: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+/// secp256r1, P-256 (RFC 5480).
+const P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
+/// id-Ed25519 (RFC 8410).
+const ED25519: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112");
+
+/// The kind and the key bits of a DER `SubjectPublicKeyInfo` (a PEM `PUBLIC KEY`), which
+/// is what `jsonwebtoken`'s DER constructors want: for RSA the PKCS#1 `RSAPublicKey`, for
+/// P-256 the uncompressed point, for Ed25519 the 32 bytes. Read by the `spki` crate; the
+/// error says what is wrong, in words for the `auth.jwt.key_file` message.
+fn spki_key(der: &[u8]) -> Result<(KeyKind, &[u8]), String> {
+    let info = SubjectPublicKeyInfoRef::from_der(der)
+        .map_err(|e| format!("not a DER SubjectPublicKeyInfo ({e})"))?;
+    let bits = info
+        .subject_public_key
+        .as_bytes()
+        .ok_or("its public key is not a whole number of bytes")?;
+    let (algorithm, parameters) = info
+        .algorithm
+        .oids()
+        .map_err(|e| format!("its algorithm parameters are not an OID ({e})"))?;
+    let kind = match (algorithm, parameters) {
+        (a, None) if a == RSA_ENCRYPTION => KeyKind::Rsa,
+        (a, None) if a == ED25519 => KeyKind::Ed25519,
+        (a, Some(curve)) if a == EC_PUBLIC_KEY && curve == P256 => KeyKind::EcP256,
+        (a, p) => {
+            let with = p
+                .map(|p| format!(" with parameters {p}"))
+                .unwrap_or_default();
+            return Err(format!(
+                "its algorithm {a}{with} is not RSA, EC P-256 or Ed25519"
+            ));
+        }
+    };
+    Ok((kind, bits))
 }
 
 /// A JWKS key and its algorithm: its `alg`, or its type.
@@ -388,5 +436,97 @@ mod tests {
         };
         let err = Verifier::load(&cfg).err().expect("not PEM");
         assert!(err.contains("PUBLIC KEY"), "{err}");
+    }
+
+    /// An Ed25519 public key as `openssl pkey -pubout -outform DER` writes it, with 32
+    /// bytes of 7 for its key.
+    fn ed25519_spki() -> Vec<u8> {
+        let mut ed = vec![
+            0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+        ];
+        ed.extend([7u8; 32]);
+        ed
+    }
+
+    #[test]
+    fn spki_keys_are_told_apart_by_their_algorithm() {
+        let ed = ed25519_spki();
+        assert_eq!(spki_key(&ed), Ok((KeyKind::Ed25519, &[7u8; 32][..])));
+        // P-256: id-ecPublicKey with the curve as its parameter, a 65-byte point.
+        let mut ec = vec![
+            0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06,
+            0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00, 0x04,
+        ];
+        ec.extend([9u8; 64]);
+        assert_eq!(spki_key(&ec), Ok((KeyKind::EcP256, &ec[26..])));
+        // RSA: rsaEncryption with NULL parameters; the bits are not looked into here.
+        let rsa = [
+            0x30, 0x17, 0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01,
+            0x01, 0x05, 0x00, 0x03, 0x06, 0x00, 0x30, 0x03, 0x02, 0x01, 0x03,
+        ];
+        assert_eq!(spki_key(&rsa), Ok((KeyKind::Rsa, &rsa[20..])));
+        let mut ed448 = ed.clone();
+        ed448[8] = 0x71;
+        let err = spki_key(&ed448).expect_err("Ed448");
+        assert!(
+            err.contains("1.3.101.113") && err.contains("not RSA"),
+            "{err}"
+        );
+        let mut p384 = ec.clone();
+        p384[22] = 0x08;
+        let err = spki_key(&p384).expect_err("another curve");
+        assert!(err.contains("parameters 1.2.840.10045.3.1.8"), "{err}");
+    }
+
+    #[test]
+    fn cut_and_malformed_spki_are_refused_with_a_reason() {
+        let ed = ed25519_spki();
+        for cut in 0..ed.len() {
+            let err = spki_key(&ed[..cut]).expect_err("cut");
+            assert!(
+                err.starts_with("not a DER SubjectPublicKeyInfo ("),
+                "cut at {cut}: {err}"
+            );
+        }
+        let mut trailing = ed.clone();
+        trailing.push(0);
+        let err = spki_key(&trailing).expect_err("bytes after the SEQUENCE");
+        assert!(err.contains("trailing"), "{err}");
+        let mut unused = ed.clone();
+        unused[11] = 1;
+        unused[43] = 6; // its last bit, now unused, is 0 as DER wants
+        assert!(spki_key(&unused)
+            .expect_err("unused bits")
+            .contains("whole number of bytes"));
+        let mut long = ed.clone();
+        long[1] = 0x84;
+        assert!(spki_key(&long).is_err(), "a length past the input");
+        // INTEGER 0 as the parameters of Ed25519's algorithm.
+        let mut params = ed.clone();
+        params.splice(9..9, [0x02, 0x01, 0x00]);
+        params[3] += 3;
+        params[1] += 3;
+        let err = spki_key(&params).expect_err("parameters that are not an OID");
+        assert!(err.contains("not an OID"), "{err}");
+    }
+
+    #[test]
+    fn a_key_file_that_is_no_public_key_is_named_with_the_reason() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("key.pem");
+        // A PEM PUBLIC KEY whose DER is cut short.
+        let body = base64::engine::general_purpose::STANDARD.encode(&ed25519_spki()[..20]);
+        let pem = format!("-----BEGIN PUBLIC KEY-----\n{body}\n-----END PUBLIC KEY-----\n");
+        std::fs::write(&path, pem).expect("write");
+        let cfg = Jwt {
+            algorithm: "EdDSA".into(),
+            key_file: path.clone(),
+            ..Jwt::default()
+        };
+        let err = Verifier::load(&cfg).err().expect("cut key");
+        assert!(
+            err.contains("auth.jwt.key_file") && err.contains("SubjectPublicKeyInfo"),
+            "{err}"
+        );
     }
 }

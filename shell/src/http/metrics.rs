@@ -17,7 +17,7 @@
 //!   `unimesh_kafka_out_of_range_total`, `unimesh_kafka_commit_failures_total`,
 //!   `unimesh_kafka_progress_ranges_dropped_total`, `unimesh_kafka_log_divergences_total`,
 //!   `unimesh_kafka_end_anomalies_total`, `unimesh_kafka_gaps_refuted_total`,
-//!   `unimesh_kafka_progress_read_retries_total`
+//!   `unimesh_kafka_progress_read_retries_total`, `unimesh_kafka_group_nudges_total`,
 //!   `unimesh_kafka_client_rebuilds_total` and the gauge `unimesh_kafka_broker_up`
 //!   (`unimesh_lag` is then the broker's end offset, read every second, minus the
 //!   watermark).
@@ -117,7 +117,7 @@ impl Metrics {
         let auth_refused = Family::<Labels, Counter>::default();
         registry.register(
             "unimesh_auth_refused",
-            "Requests refused by the auth gate, per reason (missing, invalid, forbidden)",
+            "Requests refused by the auth gate, per reason (missing, invalid, forbidden), and client certificates refused in the TLS handshake (certificate)",
             auth_refused.clone(),
         );
         let snapshot = Arc::new(Mutex::new(None));
@@ -317,7 +317,7 @@ impl Collector for SnapshotCollector {
                 ConstCounter::new(v).encode(m)?;
             }
             if let Some(b) = &log.broker {
-                let counters: [(&str, &str, u64); 9] = [
+                let counters: [(&str, &str, u64); 10] = [
                     (
                         "unimesh_kafka_rebalances",
                         "Kafka rebalance callbacks run (assignments and revocations)",
@@ -362,6 +362,11 @@ impl Collector for SnapshotCollector {
                         "unimesh_kafka_progress_read_retries",
                         "Reads of the progress topic at an assignment that failed and were tried again",
                         b.progress_read_retries,
+                    ),
+                    (
+                        "unimesh_kafka_group_nudges",
+                        "Group requests sent to a coordinator whose rebalance seemed stuck (DESIGN §8)",
+                        b.group_nudges,
                     ),
                 ];
                 for (name, help, v) in counters {
@@ -455,6 +460,7 @@ mod tests {
                     progress_read_retries: 8,
                     broker_up: false,
                     client_rebuilds: 3,
+                    group_nudges: 11,
                 }),
             }),
         };
@@ -472,6 +478,7 @@ mod tests {
             "unimesh_kafka_gaps_refuted_total 6\n",
             "unimesh_kafka_progress_read_retries_total 8\n",
             "unimesh_kafka_client_rebuilds_total 3\n",
+            "unimesh_kafka_group_nudges_total 11\n",
             "unimesh_kafka_broker_up 0\n",
             "unimesh_epoch 3\n",
         ] {

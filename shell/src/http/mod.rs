@@ -15,8 +15,6 @@ mod admin;
 pub mod auth;
 mod body;
 pub mod cors;
-#[cfg(not(madsim))]
-mod der;
 mod document;
 pub mod error;
 mod extract;

@@ -34,7 +34,7 @@ use super::extract::{Name, Params, QueryParams};
 use super::schema::{CloudEvent, DeliveredEvent};
 use super::App;
 use crate::engine::PublishResult;
-use crate::event::{delivery_event_json, encode_stored, parse_publish, publish_mode};
+use crate::event::{delivery_event_json, parse_publish, publish_mode, Published};
 
 /// The extension naming a request and its reply.
 pub const CORRELATION_EXTENSION: &str = "emcorrelationid";
@@ -163,13 +163,16 @@ pub fn correlation_of(event: &Event) -> Option<String> {
 }
 
 /// The replies among just-published events, as delivered (with their broker position).
-pub fn replies_among(events: &[Event], placed: &[PublishResult]) -> Vec<(String, Box<RawValue>)> {
+pub fn replies_among(
+    events: &[Published],
+    placed: &[PublishResult],
+) -> Vec<(String, Box<RawValue>)> {
     events
         .iter()
         .zip(placed)
         .filter_map(|(e, r)| {
-            let corr = correlation_of(e)?;
-            let json = delivery_event_json(&encode_stored(e), r.partition, r.offset).ok()?;
+            let corr = correlation_of(e.event())?;
+            let json = delivery_event_json(&e.stored(), r.partition, r.offset).ok()?;
             Some((corr, json))
         })
         .collect()
@@ -245,7 +248,7 @@ pub(super) async fn request(
             format!("a request is one event, not {}", events.len()),
         ));
     }
-    let event = &mut events[0];
+    let event = events[0].attributes_mut();
     let corr = match correlation_of(event) {
         Some(c) => c,
         None => {

@@ -89,16 +89,55 @@ impl Server {
 
     /// Serves until `stop` resolves, then stops accepting and returns the open connections.
     pub async fn run(self, app: Arc<App>, stop: impl Future<Output = ()>) -> Draining {
+        let traffic = router(Listener::Traffic, app.clone());
+        let admin = router(Listener::Admin, app.clone());
+        self.serve(traffic, admin, Some(app), stop).await
+    }
+
+    /// Before there is an application to serve (storage still waiting for its broker):
+    /// answers every request on both listeners 503 `unavailable` with `why()` until `stop`
+    /// resolves, so `/admin/health` and `/admin/ready` say what is wrong meanwhile. The
+    /// connections still open are handed back, to be finished before [`Server::run`].
+    pub async fn run_unavailable(
+        &self,
+        why: Arc<dyn Fn() -> String + Send + Sync>,
+        stop: impl Future<Output = ()>,
+    ) -> Draining {
+        let answer = move || {
+            let why = why();
+            async move {
+                super::error::ApiError::new(
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    super::error::code::UNAVAILABLE,
+                    format!("unhealthy: {why}"),
+                )
+            }
+        };
+        let unavailable = axum::Router::new().fallback(answer);
+        self.serve(unavailable.clone(), unavailable, None, stop)
+            .await
+    }
+
+    /// Serves `traffic` and `admin` on their listeners until `stop` resolves; `app`, when
+    /// there is one, counts refused client certificates.
+    async fn serve(
+        &self,
+        traffic_router: axum::Router,
+        admin_router: axum::Router,
+        app: Option<Arc<App>>,
+        stop: impl Future<Output = ()>,
+    ) -> Draining {
         let graceful = GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_millis(self.settings.header_read_timeout_ms));
+        // No TLS under madsim: nothing to count.
+        #[cfg(madsim)]
+        let _ = app;
         let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections));
         let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections));
-        let traffic_router = router(Listener::Traffic, app.clone());
-        let admin_router = router(Listener::Admin, app.clone());
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
@@ -128,11 +167,15 @@ impl Server {
             let watcher = graceful.watcher();
             #[cfg(not(madsim))]
             let tls = self.tls.clone();
+            #[cfg(not(madsim))]
+            let app = app.clone();
             let timeout = Duration::from_millis(self.settings.header_read_timeout_ms);
             tokio::spawn(async move {
                 #[cfg(not(madsim))]
                 if let Some(tls) = tls {
-                    if let Some((io, identity)) = handshake(&tls, stream, peer, timeout).await {
+                    if let Some((io, identity)) =
+                        handshake(&tls, app.as_deref(), stream, peer, timeout).await
+                    {
                         serve(
                             &builder,
                             watcher,
@@ -194,10 +237,14 @@ async fn serve(
 
 /// The TLS handshake of an accepted connection, within `timeout`, and the identity its
 /// client certificate names. A client speaking plain HTTP (its first byte is not a TLS
-/// handshake record) gets a plain 400 naming the problem, then the connection closes.
+/// handshake record) gets a plain 400 naming the problem, then the connection closes. A
+/// client certificate refused (none under `require`, another CA's, expired, not valid
+/// yet) is logged with the peer and rustls' reason and counted as
+/// `unimesh_auth_refused_total{reason="certificate"}`; the client gets the TLS alert.
 #[cfg(not(madsim))]
 async fn handshake(
     tls: &Tls,
+    app: Option<&App>,
     stream: TcpStream,
     peer: SocketAddr,
     timeout: Duration,
@@ -216,13 +263,28 @@ async fn handshake(
         }
         _ => return None,
     }
-    match tokio::time::timeout(timeout, tls.acceptor().accept(stream)).await {
+    let accept = tls.acceptor().accept(stream).into_fallible();
+    match tokio::time::timeout(timeout, accept).await {
         Ok(Ok(io)) => {
             let identity = super::tls::peer_identity(io.get_ref().1).map(PeerIdentity);
             Some((io, identity))
         }
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        Ok(Err((e, stream))) => {
+            match super::tls::refused_client_certificate(&e) {
+                Some(why) => {
+                    tracing::info!(
+                        %peer,
+                        reason = super::auth::CERTIFICATE_REFUSED,
+                        message = %why,
+                        "client certificate refused"
+                    );
+                    if let Some(app) = app {
+                        app.metrics.auth_refused(super::auth::CERTIFICATE_REFUSED);
+                    }
+                }
+                None => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            }
+            close_after_alert(stream, timeout).await;
             None
         }
         Err(_) => {
@@ -230,6 +292,31 @@ async fn handshake(
             None
         }
     }
+}
+
+/// Closes a connection whose handshake failed, so that the client reads the TLS alert
+/// that says why (`certificate required`, `certificate expired`, `unknown ca`). The
+/// alert is out already; closing a socket with input still unread sends a reset instead
+/// of a FIN, and a reset makes the client drop what it had not read yet — with TLS 1.3 a
+/// client has sent its request by the time the server refuses its certificate, and Python
+/// `requests` saw a bare EOF in most runs. So the write side is shut (a FIN after the
+/// alert) and what the client still sends is read and dropped until it closes, up to
+/// 64 KiB and 5 s (or `server.header_read_timeout_ms` when shorter).
+#[cfg(not(madsim))]
+async fn close_after_alert(mut stream: TcpStream, timeout: Duration) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout.min(Duration::from_secs(5)), drain).await;
 }
 
 /// Answers a plain-HTTP request on a TLS port: reads its head (so closing does not reset

@@ -168,9 +168,7 @@ fn sse_events(
             st.unreported = batch.len();
             let mut events = Vec::with_capacity(batch.len());
             for d in &batch {
-                if let Some(view) = DeliveryView::render(&st.group, d) {
-                    // A view of strings and numbers serialises without failure.
-                    let json = serde_json::to_string(&view).unwrap_or_default();
+                if let Some(json) = DeliveryView::json(&st.group, d) {
                     events.push(Event::default().id(d.id.to_string()).data(json));
                 }
             }
@@ -278,8 +276,7 @@ async fn ws_session(
                 let mut failed = Vec::new();
                 let mut written = 0;
                 for d in &batch {
-                    let Some(view) = DeliveryView::render(&group, d) else { continue };
-                    let text = serde_json::to_string(&view).unwrap_or_default();
+                    let Some(text) = DeliveryView::json(&group, d) else { continue };
                     if failed.is_empty() && socket.send(Message::Text(text.into())).await.is_ok() {
                         written += 1;
                     } else {

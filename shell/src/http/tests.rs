@@ -46,7 +46,9 @@ async fn rig_with(config: Config) -> Rig {
     let state = Arc::new(StoreAdapter::new(Box::new(MemoryStore::open(
         MemoryDisk::new(),
     ))));
-    let (handle, _join) = engine::start(ecfg, Arc::new(log.clone()), state).expect("engine starts");
+    let (handle, _join) = engine::start(ecfg, Arc::new(log.clone()), state)
+        .await
+        .expect("engine starts");
     for _ in 0..400 {
         if handle.is_ready() {
             break;

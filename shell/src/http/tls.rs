@@ -25,6 +25,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ServerConnection, WebPkiClientVerifier};
 use rustls::{RootCertStore, ServerConfig};
 use sha2::{Digest, Sha256};
+use spki::der::asn1::{AnyRef, Ia5StringRef, PrintableStringRef, Utf8StringRef};
+use spki::der::{Decode as _, Reader as _, SliceReader, Tag, Tagged as _};
+use spki::ObjectIdentifier;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{self, ClientAuth};
@@ -84,9 +87,56 @@ impl Tls {
 pub fn peer_identity(conn: &ServerConnection) -> Option<String> {
     let leaf = conn.peer_certificates()?.first()?;
     let cert = webpki::EndEntityCert::try_from(leaf).ok()?;
-    super::der::common_name(cert.subject())
+    common_name(cert.subject())
+        .ok()
+        .flatten()
         .filter(|cn| !cn.is_empty())
         .or_else(|| cert.valid_dns_names().next().map(str::to_owned))
+}
+
+/// Why the client's certificate was refused, when that is why a handshake failed: none
+/// sent where one is required, or one that does not verify (another CA's, expired, not
+/// valid yet, not for client authentication). tokio-rustls hands rustls' error out inside
+/// the I/O error.
+pub fn refused_client_certificate(e: &std::io::Error) -> Option<&rustls::Error> {
+    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    matches!(
+        tls,
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+    )
+    .then_some(tls)
+}
+
+/// commonName (X.520, 2.5.4.3).
+const COMMON_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
+
+/// The first commonName of a certificate subject's RDNs (the `Name` without its outer
+/// `SEQUENCE`, as `webpki::EndEntityCert::subject` gives it), read by `der`: `None`
+/// without one; an error for malformed DER, or a CN that is not a UTF-8, printable or IA5
+/// string.
+fn common_name(name: &[u8]) -> Result<Option<String>, spki::der::Error> {
+    let mut rdns = SliceReader::new(name)?;
+    while !rdns.is_finished() {
+        let rdn = AnyRef::decode(&mut rdns)?;
+        rdn.tag().assert_eq(Tag::Set)?;
+        let mut attributes = SliceReader::new(rdn.value())?;
+        while !attributes.is_finished() {
+            let (kind, value) = attributes.sequence(|a| {
+                Ok::<_, spki::der::Error>((ObjectIdentifier::decode(a)?, AnyRef::decode(a)?))
+            })?;
+            if kind != COMMON_NAME {
+                continue;
+            }
+            let text = match value.tag() {
+                Tag::Utf8String => value.decode_as::<Utf8StringRef<'_>>()?.as_str(),
+                Tag::PrintableString => value.decode_as::<PrintableStringRef<'_>>()?.as_str(),
+                Tag::Ia5String => value.decode_as::<Ia5StringRef<'_>>()?.as_str(),
+                other => return Err(other.value_error().into()),
+            };
+            return Ok(Some(text.to_owned()));
+        }
+    }
+    Ok(None)
 }
 
 fn build(s: &config::Tls) -> Result<Loaded, String> {
@@ -165,4 +215,59 @@ fn pem_error(e: &rustls::pki_types::pem::Error, none: &str) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `CN=billing, O=Shop` as `openssl` writes a subject (two RDNs), without the outer
+    /// SEQUENCE.
+    const SUBJECT: &[u8] = &[
+        0x31, 0x0d, 0x30, 0x0b, 0x06, 0x03, 0x55, 0x04, 0x0a, 0x0c, 0x04, b'S', b'h', b'o', b'p',
+        0x31, 0x10, 0x30, 0x0e, 0x06, 0x03, 0x55, 0x04, 0x03, 0x0c, 0x07, b'b', b'i', b'l', b'l',
+        b'i', b'n', b'g',
+    ];
+
+    #[test]
+    fn the_common_name_is_found_among_the_rdns() {
+        assert_eq!(common_name(SUBJECT), Ok(Some("billing".to_owned())));
+        assert_eq!(common_name(&SUBJECT[..15]), Ok(None), "only O");
+        assert_eq!(common_name(&[]), Ok(None));
+        // The same CN as a PrintableString (0x13) and as an IA5String (0x16).
+        for tag in [0x13, 0x16] {
+            let mut other = SUBJECT.to_vec();
+            other[24] = tag;
+            assert_eq!(common_name(&other), Ok(Some("billing".to_owned())));
+        }
+    }
+
+    #[test]
+    fn malformed_names_are_errors_not_panics() {
+        for cut in 0..SUBJECT.len() {
+            let got = common_name(&SUBJECT[..cut]);
+            if cut == 0 || cut == 15 {
+                // Whole RDNs, none of them a CN.
+                assert_eq!(got, Ok(None), "cut at {cut}");
+            } else {
+                assert!(got.is_err(), "cut at {cut}: {got:?}");
+            }
+        }
+        for bad in [
+            &[0x31, 0x84, 0xff, 0xff, 0xff, 0xff][..],
+            &[0x31, 0x85, 0, 0, 0, 0, 1],
+            &[0x1f, 0x00],
+            // A SEQUENCE where an RDN's SET belongs.
+            &[0x30, 0x00],
+        ] {
+            assert!(common_name(bad).is_err(), "{bad:?}");
+        }
+        // A CN that is an INTEGER, and one that is not valid UTF-8.
+        let mut integer = SUBJECT.to_vec();
+        integer[24] = 0x02;
+        assert!(common_name(&integer).is_err());
+        let mut bytes = SUBJECT.to_vec();
+        bytes[26] = 0xff;
+        assert!(common_name(&bytes).is_err());
+    }
 }

@@ -20,6 +20,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use madsim_rdkafka::client::{ClientContext, NativeClient};
+use madsim_rdkafka::config::RDKafkaLogLevel;
 use madsim_rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol,
 };
@@ -31,8 +32,10 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Checkpoint, GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
+use super::client_log::{self, ClientLog, LoggedConsumer};
 use super::epochs::{divergence, evident_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
+use super::nudge::{self, StuckWatch, Verdict};
 use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
 use super::records::decode_message;
 use super::rules::part::{self, Span, Validate};
@@ -51,6 +54,8 @@ const PROGRESS_READ_WAIT: Duration = Duration::from_secs(60);
 /// Reads of a partition's offsets at an assignment before the lane's first fetch is left
 /// to read them.
 const OFFSET_READS: u32 = 3;
+/// librdkafka's default `session.timeout.ms`.
+const LIBRDKAFKA_SESSION: Duration = Duration::from_secs(45);
 
 enum Control {
     Commit {
@@ -112,6 +117,23 @@ impl GroupConsumer {
         if let Some(id) = &s.group_instance_id {
             config.set("group.instance.id", id);
         }
+        // The join state, for the stuck-rebalance nudge (`nudge.rs`); a user's own
+        // interval is kept (0 turns the nudge off).
+        if !s
+            .properties
+            .sets(ClientRole::Consumer, "statistics.interval.ms")
+        {
+            config.set(
+                "statistics.interval.ms",
+                nudge::STATS_INTERVAL_MS.to_string(),
+            );
+        }
+        let session = s
+            .properties
+            .for_role(ClientRole::Consumer)
+            .get("session.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(LIBRDKAFKA_SESSION, Duration::from_millis);
         let ctx = GroupContext {
             log: log.clone(),
             group: group.clone(),
@@ -123,6 +145,9 @@ impl GroupConsumer {
             held: Mutex::new(Vec::new()),
             probe: Mutex::new(None),
             anomalies: Mutex::new(BTreeMap::new()),
+            stuck: Mutex::new(StuckWatch::new(nudge::stuck_after(session))),
+            nudge_due: Mutex::new(None),
+            nudger: Mutex::new(None),
         };
         let consumer: BaseConsumer<GroupContext> = log
             .inner
@@ -244,9 +269,41 @@ pub(super) struct GroupContext {
     /// Per partition, the last end claim a read of the log refuted (present: the anomaly
     /// was logged at warn once).
     anomalies: Mutex<BTreeMap<Partition, Refuted>>,
+    /// Whether the group's rebalance is stuck on the broker (`nudge.rs`), from the
+    /// statistics reports.
+    stuck: Mutex<StuckWatch>,
+    /// What the last statistics report asked for, acted on by the thread after the poll.
+    nudge_due: Mutex<Option<Verdict>>,
+    /// The client that nudges the coordinator, while a rebalance is stuck.
+    nudger: Mutex<Option<LoggedConsumer>>,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        client_log::emit(&format!("group {}", self.group), level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        client_log::emit(
+            &format!("group {}", self.group),
+            RDKafkaLogLevel::Error,
+            "ERROR",
+            &format!("{error}: {reason}"),
+        );
+    }
+
+    /// librdkafka's statistics (every `statistics.interval.ms`, on the consumer thread
+    /// inside its poll): only the join state is read, for the stuck-rebalance nudge.
+    fn stats_raw(&self, statistics: &[u8]) {
+        let Some(state) = nudge::join_state(statistics) else {
+            return;
+        };
+        let verdict = lock(&self.stuck).observe(&state, Instant::now());
+        if verdict != Verdict::Wait {
+            *lock(&self.nudge_due) = Some(verdict);
+        }
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn rebalance(&self, _native: &NativeClient, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
@@ -683,7 +740,12 @@ fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
             Some(Err(e)) => on_error(&ctx, &e),
         }
         expire_fetches(&ctx);
+        let due = lock(&ctx.nudge_due).take();
+        if let Some(verdict) = due {
+            nudge_or_settle(&ctx, verdict);
+        }
     }
+    lock(&ctx.nudger).take();
     // Leaving the group revokes every partition (the callback flushes and commits).
     consumer.unsubscribe();
     let until = Instant::now() + REVOKE_WAIT;
@@ -691,6 +753,61 @@ fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
         let _ = consumer.poll(POLL_INTERVAL);
     }
     tracing::info!(group = %ctx.group, "Kafka consumer left the group");
+}
+
+/// Acts on the stuck-rebalance watch (`nudge.rs`): a group request from a second client
+/// while the rebalance is stuck, and that client closed once it is not.
+fn nudge_or_settle(ctx: &GroupContext, verdict: Verdict) {
+    let group = &ctx.group;
+    match verdict {
+        Verdict::Wait => {}
+        Verdict::Settled { nudges } => {
+            lock(&ctx.nudger).take();
+            tracing::info!(%group, nudges, "the group's rebalance went on after the coordinator was nudged");
+        }
+        Verdict::Nudge { first, waited } => {
+            if first {
+                tracing::warn!(
+                    %group,
+                    waited_ms = waited.as_millis() as u64,
+                    "the group's rebalance has waited on the broker too long; nudging its \
+                     coordinator once a second until it goes on (a broker that keeps a dead \
+                     member as leader: tansu 0.6.0, docs/DESIGN.md §8)"
+                );
+            }
+            let mut slot = lock(&ctx.nudger);
+            if slot.is_none() {
+                let s = ctx.log.settings();
+                let mut config = s.client_config(ClientRole::Consumer);
+                config
+                    .set("group.id", s.group_id(group.as_str()))
+                    .set("client.id", format!("{}-{group}-nudge", s.instance))
+                    .set("enable.auto.commit", "false")
+                    .set("statistics.interval.ms", "0");
+                match ctx.log.inner.runtime.block_on_outside(
+                    config.create_with_context(ClientLog::new(format!("nudge {group}"))),
+                ) {
+                    Ok(c) => *slot = Some(c),
+                    Err(e) => {
+                        tracing::warn!(%group, error = %e, "cannot create the client that nudges the group's coordinator");
+                        return;
+                    }
+                }
+            }
+            if let Some(nudger) = slot.as_ref() {
+                let mut tpl = TopicPartitionList::new();
+                let _ = tpl.add_partition_offset(nudge::NUDGE_TOPIC, 0, KOffset::Offset(0));
+                // Only the request matters (`nudge.rs`); its answer, a refusal, is
+                // drained by the poll unread.
+                let _ = run_now(nudger.commit(&tpl, CommitMode::Async));
+                let _ = nudger.poll(Duration::ZERO);
+                ctx.log
+                    .counters()
+                    .group_nudges
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: FetchRequest) {

@@ -26,8 +26,8 @@ use std::time::Duration;
 #[cfg(not(madsim))]
 use std::time::Instant;
 
+use super::client_log::{ClientLog, LoggedConsumer};
 use bytes::Bytes;
-use madsim_rdkafka::consumer::BaseConsumer;
 #[cfg(not(madsim))]
 use madsim_rdkafka::consumer::Consumer;
 #[cfg(not(madsim))]
@@ -212,8 +212,8 @@ pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Resu
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer = runtime
-        .block_on(c.create())
+    let consumer: LoggedConsumer = runtime
+        .block_on(c.create_with_context(ClientLog::new("DLQ reader")))
         .map_err(|e| format!("cannot create the DLQ reader: {e}"))?;
     let meta = runtime
         .block_on(consumer.fetch_metadata(Some(&name), s.request_timeout))
@@ -288,8 +288,8 @@ pub(super) async fn list(
     c.set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer = c
-        .create()
+    let consumer: LoggedConsumer = c
+        .create_with_context(ClientLog::new("DLQ reader"))
         .await
         .map_err(|e| format!("cannot create the DLQ reader: {e}"))?;
     let n = match consumer

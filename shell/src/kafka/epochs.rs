@@ -228,7 +228,9 @@ pub(super) use probe::{leader_epoch, EpochProbe};
 mod probe {
     use std::time::{Duration, Instant};
 
-    use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+    use madsim_rdkafka::consumer::Consumer;
+
+    use super::super::client_log::{ClientLog, LoggedConsumer};
     use madsim_rdkafka::error::{KafkaError, RDKafkaErrorCode};
     use madsim_rdkafka::message::BorrowedMessage;
     use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
@@ -256,7 +258,7 @@ mod probe {
 
     /// A consumer outside any group that reads single records, to learn their epochs.
     pub struct EpochProbe {
-        consumer: BaseConsumer,
+        consumer: LoggedConsumer,
         timeout: Duration,
     }
 
@@ -271,8 +273,8 @@ mod probe {
                 // One record is all a probe wants.
                 .set("queued.min.messages", "1")
                 .set("fetch.wait.max.ms", "10");
-            let consumer: BaseConsumer = c
-                .create()
+            let consumer: LoggedConsumer = c
+                .create_with_context(ClientLog::new("leader-epoch probe"))
                 .await
                 .map_err(|e| format!("cannot create the leader-epoch probe: {e}"))?;
             Ok(Self {

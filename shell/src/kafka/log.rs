@@ -7,28 +7,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use madsim_rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use madsim_rdkafka::client::DefaultClientContext;
-#[cfg(madsim)]
-use madsim_rdkafka::consumer::BaseConsumer;
+use madsim_rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use madsim_rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use madsim_rdkafka::message::ToBytes;
 use madsim_rdkafka::metadata::{Metadata, MetadataTopic};
 #[cfg(not(madsim))]
 use madsim_rdkafka::producer::Producer as _;
-use madsim_rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use madsim_rdkafka::producer::{DeliveryFuture, FutureRecord};
 use madsim_rdkafka::ClientConfig;
 use madsim_tokio as tokio;
 use tokio::sync::mpsc;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
+#[cfg(madsim)]
+use super::client_log::LoggedConsumer;
+use super::client_log::{ClientLog, LoggedAdmin, LoggedProducer};
 #[cfg(not(madsim))]
 use super::consumer::GroupConsumer;
 use super::records::Outgoing;
 #[cfg(madsim)]
 use super::simulated::GroupConsumer;
 use super::{ClientRole, KafkaSettings};
-use crate::engine::{AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead};
+use crate::engine::{
+    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, TopicFacts,
+};
 use crate::log::AppendItem;
 
 /// Counters of the Kafka backend for `/metrics`.
@@ -46,6 +48,8 @@ pub struct KafkaCounters {
     pub progress_read_retries: AtomicU64,
     /// Producers built anew because the one in use was in a fatal state.
     pub client_rebuilds: AtomicU64,
+    /// Group requests sent to a coordinator whose rebalance seemed stuck (`nudge.rs`).
+    pub group_nudges: AtomicU64,
 }
 
 /// The shared producer, replaceable: librdkafka's idempotent producer can enter a fatal
@@ -55,7 +59,7 @@ pub struct KafkaCounters {
 /// which holds the lock only to queue, so the slot owns the only handle and the old
 /// producer is closed on a thread of its own.
 pub(super) struct ProducerSlot {
-    current: Mutex<FutureProducer>,
+    current: Mutex<LoggedProducer>,
     /// What every write's [`Delivery`] reports to (progress and DLQ writes too).
     #[cfg_attr(madsim, allow(dead_code))]
     reports: Arc<Reports>,
@@ -93,7 +97,7 @@ impl ProducerSlot {
 
     /// The current producer, for questions (metadata, offsets) rather than writes.
     #[cfg(not(madsim))]
-    fn get(&self) -> FutureProducer {
+    fn get(&self) -> LoggedProducer {
         lock(&self.current).clone()
     }
 
@@ -206,10 +210,10 @@ pub struct KafkaLog {
 pub(super) struct Inner {
     pub settings: KafkaSettings,
     pub producer: ProducerSlot,
-    admin: AdminClient<DefaultClientContext>,
+    admin: LoggedAdmin,
     /// Metadata and end offsets: the simulated producer has no client to ask them with.
     #[cfg(madsim)]
-    meta: BaseConsumer,
+    meta: LoggedConsumer,
     /// Held while a topic is looked up and created: the simulated broker's "create"
     /// replaces a topic that exists, records and all, so two must never race.
     #[cfg(madsim)]
@@ -267,8 +271,18 @@ where
 }
 
 impl KafkaLog {
-    /// Connects the producer and the admin client and makes sure the progress topic exists.
+    /// [`KafkaLog::connect`], then [`KafkaLog::ensure_own_topics`].
     pub async fn open(settings: KafkaSettings) -> Result<Self, String> {
+        let log = Self::connect(settings).await?;
+        log.ensure_own_topics().await.map_err(|e| match e {
+            AppendError::TooLarge(m) | AppendError::Invalid(m) | AppendError::Unavailable(m) => m,
+        })?;
+        Ok(log)
+    }
+
+    /// Creates the producer, the admin client and the progress reader. Talks to no broker:
+    /// an error is the configuration's (a librdkafka property it refuses).
+    pub async fn connect(settings: KafkaSettings) -> Result<Self, String> {
         let mut pc = settings.client_config(ClientRole::Producer);
         pc.set("acks", "all").set("enable.idempotence", "true").set(
             "message.timeout.ms",
@@ -284,19 +298,19 @@ impl KafkaLog {
         if !settings.properties.sets(ClientRole::Producer, "linger.ms") {
             pc.set("linger.ms", "2");
         }
-        let producer: FutureProducer = pc
-            .create()
+        let producer: LoggedProducer = pc
+            .create_with_context(ClientLog::new("producer"))
             .await
             .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
-        let admin: AdminClient<DefaultClientContext> = settings
+        let admin: LoggedAdmin = settings
             .client_config(ClientRole::Producer)
-            .create()
+            .create_with_context(ClientLog::new("admin"))
             .await
             .map_err(|e| format!("cannot create the Kafka admin client: {e}"))?;
         #[cfg(madsim)]
-        let meta: BaseConsumer = settings
+        let meta: LoggedConsumer = settings
             .client_config(ClientRole::Consumer)
-            .create()
+            .create_with_context(ClientLog::new("metadata"))
             .await
             .map_err(|e| format!("cannot create the Kafka metadata client: {e}"))?;
         let progress = Arc::new(super::progress::ProgressReader::new(&settings).await?);
@@ -336,18 +350,31 @@ impl KafkaLog {
                 progress,
             }),
         };
+        Ok(log)
+    }
+
+    /// Makes sure the progress and subscriptions topics exist (creating them), which needs
+    /// the broker. `Unavailable` names the broker's answer (a later call may succeed); the
+    /// others are refusals that stay.
+    pub async fn ensure_own_topics(&self) -> Result<(), AppendError> {
         for (what, name) in [
-            ("progress", &log.inner.settings.progress_topic),
-            ("subscriptions", &log.inner.settings.subscriptions_topic),
+            ("progress", &self.inner.settings.progress_topic),
+            ("subscriptions", &self.inner.settings.subscriptions_topic),
         ] {
-            let topic = TopicName::new(name).map_err(|e| format!("the {what} topic: {e}"))?;
-            log.topic_partitions(&topic, true)
+            let topic = TopicName::new(name)
+                .map_err(|e| AppendError::Invalid(format!("the {what} topic: {e}")))?;
+            let named = |m: String| format!("cannot create the {what} topic {topic}: {m}");
+            self.topic_partitions(&topic, true)
                 .await
-                .map_err(|e| format!("cannot create the {what} topic {topic}: {e:?}"))?;
+                .map_err(|e| match e {
+                    AppendError::TooLarge(m) => AppendError::TooLarge(named(m)),
+                    AppendError::Invalid(m) => AppendError::Invalid(named(m)),
+                    AppendError::Unavailable(m) => AppendError::Unavailable(named(m)),
+                })?;
         }
         #[cfg(madsim)]
-        log.preload().await?;
-        Ok(log)
+        self.preload().await.map_err(AppendError::Unavailable)?;
+        Ok(())
     }
 
     /// Under madsim the synchronous questions of the `LogPort` are answered from what was
@@ -699,7 +726,11 @@ impl KafkaLog {
         }
         *lock(&self.inner.health.fatal) = Some(why.to_owned());
         tracing::warn!(reason = %why, "the Kafka producer is in a fatal state; building a new one");
-        let fresh: FutureProducer = match slot.config.create().await {
+        let fresh: LoggedProducer = match slot
+            .config
+            .create_with_context(ClientLog::new("producer"))
+            .await
+        {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "cannot build a new Kafka producer; trying again soon");
@@ -942,22 +973,32 @@ impl LogPort for KafkaLog {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        if let Some(&n) = lock(&self.inner.topics).get(topic) {
-            return Ok(n);
-        }
-        #[cfg(not(madsim))]
-        return block_on(&self.inner.runtime, self.topic_partitions(topic, false));
-        // Under madsim the answer comes later: the topic is looked up (and created) in the
-        // background, and the caller is told to try again.
-        #[cfg(madsim)]
-        {
-            let (log, t) = (self.clone(), topic.clone());
-            tokio::spawn(async move { log.topic_partitions(&t, false).await });
-            Err(AppendError::Unavailable(format!(
-                "topic {topic} is being looked up at the broker; try again"
-            )))
-        }
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            let partitions = log.topic_partitions(&topic, false).await?;
+            let mut offsets = Vec::new();
+            if with_offsets {
+                for p in 0..partitions {
+                    let pair = match log.cached_offsets(&topic, p) {
+                        Some(pair) => pair,
+                        None => log
+                            .watermarks(&topic, p)
+                            .await
+                            .map_err(AppendError::Unavailable)?,
+                    };
+                    offsets.push(pair);
+                }
+            }
+            Ok(TopicFacts {
+                partitions,
+                offsets,
+            })
+        })
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
@@ -1038,6 +1079,7 @@ impl LogPort for KafkaLog {
                 progress_read_retries: c.progress_read_retries.load(Ordering::Relaxed),
                 broker_up: lock(&self.inner.health.unreachable).is_none(),
                 client_rebuilds: c.client_rebuilds.load(Ordering::Relaxed),
+                group_nudges: c.group_nudges.load(Ordering::Relaxed),
             }),
         })
     }

@@ -32,11 +32,14 @@
 //! `simulated`: the same `rules/` driven by the simulation's group coordinator (the
 //! harness's, [`SimCoordinator`]), with commits and committed offsets kept there.
 
+mod client_log;
 #[cfg(not(madsim))]
 mod consumer;
 mod dlq;
 mod epochs;
 mod log;
+#[cfg(not(madsim))]
+mod nudge;
 mod progress;
 mod properties;
 mod records;

@@ -79,7 +79,7 @@ use std::time::Duration;
 #[cfg(not(madsim))]
 use std::time::Instant;
 
-use madsim_rdkafka::consumer::BaseConsumer;
+use super::client_log::{ClientLog, LoggedConsumer};
 #[cfg(not(madsim))]
 use madsim_rdkafka::consumer::Consumer;
 #[cfg(not(madsim))]
@@ -266,7 +266,7 @@ pub(super) fn bounded(cp: &Checkpoint, max: usize) -> (Checkpoint, u64) {
 
 /// Reads the progress topic into memory, up to its end offsets on demand.
 pub(super) struct ProgressReader {
-    consumer: BaseConsumer,
+    consumer: LoggedConsumer,
     topic: String,
     timeout: Duration,
     state: tokio::sync::Mutex<ReaderState>,
@@ -390,8 +390,8 @@ impl ProgressReader {
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest");
-        let consumer: BaseConsumer = c
-            .create()
+        let consumer: LoggedConsumer = c
+            .create_with_context(ClientLog::new("progress reader"))
             .await
             .map_err(|e| format!("cannot create the progress reader: {e}"))?;
         Ok(Self {

@@ -26,12 +26,12 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use madsim_rdkafka::consumer::BaseConsumer;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use tokio::sync::mpsc;
 use unimesh_core::{GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
+use super::client_log::{ClientLog, LoggedConsumer};
 use super::epochs::divergence;
 use super::log::{lock, KafkaLog};
 use super::progress::Chosen;
@@ -128,7 +128,7 @@ impl part::Waiting for Want {
 struct Lane {
     part: Part<Want>,
     /// None until the first fetch, and after a failed read or a reposition.
-    reader: Option<BaseConsumer>,
+    reader: Option<LoggedConsumer>,
 }
 
 /// What the consumer's task hears: the coordinator, its own heartbeat, a stop.
@@ -668,13 +668,13 @@ impl Shared {
     }
 
     /// A consumer of `partition` alone, assigned at `from`.
-    async fn reader(&self, partition: Partition, from: Offset) -> Result<BaseConsumer, String> {
+    async fn reader(&self, partition: Partition, from: Offset) -> Result<LoggedConsumer, String> {
         let mut config = self.log.settings().client_config(ClientRole::Consumer);
         config
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "error");
-        let consumer: BaseConsumer = config
-            .create()
+        let consumer: LoggedConsumer = config
+            .create_with_context(ClientLog::new(format!("reader of {}", self.topic)))
             .await
             .map_err(|e| format!("cannot create a reader of {}/{partition}: {e}", self.topic))?;
         let mut tpl = TopicPartitionList::new();

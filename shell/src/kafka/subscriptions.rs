@@ -12,7 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+use madsim_rdkafka::consumer::Consumer;
+
+use super::client_log::{ClientLog, LoggedConsumer};
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use unimesh_core::GroupName;
 
@@ -34,8 +36,11 @@ pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
     .set("enable.partition.eof", "false")
     .set("auto.offset.reset", "earliest");
     let runtime = log.inner.runtime.clone();
-    let consumer: BaseConsumer = super::log::block_on(&runtime, c.create())
-        .map_err(|e| format!("cannot create the subscriptions reader: {e}"))?;
+    let consumer: LoggedConsumer = super::log::block_on(
+        &runtime,
+        c.create_with_context(ClientLog::new("subscriptions reader")),
+    )
+    .map_err(|e| format!("cannot create the subscriptions reader: {e}"))?;
     let meta = super::log::block_on(
         &runtime,
         consumer.fetch_metadata(Some(&topic), s.request_timeout),

@@ -134,6 +134,10 @@ pub struct LogConfig {
     /// something to sync. A crash of the process then loses nothing answered; a crash of
     /// the machine (power, kernel) loses at most the appends answered in the last `ms` ms.
     pub sync_interval_ms: Option<u64>,
+    /// Bytes of the newest records kept in memory, shared evenly by every partition: a
+    /// fetch of a group that keeps up is answered from them without a RocksDB read. 0
+    /// keeps none.
+    pub read_cache_bytes: usize,
 }
 
 impl LogConfig {
@@ -153,6 +157,7 @@ impl LogConfig {
             reclaim_after_bytes: 64 << 20,
             clock: Arc::new(SystemClock),
             sync_interval_ms: None,
+            read_cache_bytes: DEFAULT_READ_CACHE_BYTES,
         }
     }
 
@@ -305,6 +310,79 @@ pub struct Truncation {
     pub earliest_after: Offset,
 }
 
+/// The default of [`LogConfig::read_cache_bytes`].
+pub const DEFAULT_READ_CACHE_BYTES: usize = 64 << 20;
+/// The most [`LogConfig::read_cache_bytes`] may be (64 GiB).
+pub const MAX_READ_CACHE_BYTES: u64 = 64 << 30;
+
+/// The newest records of one partition, in memory (a bounded window of the log's tail, as
+/// the writer appended them): a fetch that starts inside it is answered from here, without
+/// a RocksDB read or a trip to the blocking pool. Its records may run ahead of the
+/// published end for a moment (the writer adds them before it publishes the end); a read
+/// never goes past the end.
+#[cfg(feature = "rocksdb")]
+#[derive(Default)]
+struct Recent {
+    /// The offset of `records[0]`.
+    first: Offset,
+    records: std::collections::VecDeque<Bytes>,
+    bytes: usize,
+}
+
+#[cfg(feature = "rocksdb")]
+impl Recent {
+    /// Adds the record at `offset`, then drops the oldest while over `cap` bytes. A record
+    /// that does not follow the window's last one starts a new window.
+    fn push(&mut self, offset: Offset, payload: &Bytes, cap: usize) {
+        if self.first + self.records.len() as Offset != offset {
+            self.records.clear();
+            self.bytes = 0;
+            self.first = offset;
+        }
+        self.records.push_back(payload.clone());
+        self.bytes = self.bytes.saturating_add(payload.len());
+        while self.bytes > cap {
+            let Some(old) = self.records.pop_front() else {
+                break;
+            };
+            self.bytes = self.bytes.saturating_sub(old.len());
+            self.first += 1;
+        }
+        debug_assert!(self.bytes <= cap || self.records.is_empty());
+    }
+
+    /// Up to `max` records (at least one, then up to `max_bytes`) from `from`, below `end`;
+    /// `None` when the window does not hold `from`.
+    fn read(
+        &self,
+        from: Offset,
+        end: Offset,
+        max: usize,
+        max_bytes: usize,
+    ) -> Option<Vec<(Offset, Bytes)>> {
+        let upto = end.min(self.first + self.records.len() as Offset);
+        if from < self.first || from >= upto || max == 0 {
+            return None;
+        }
+        let wanted = max.min((upto - from) as usize);
+        let mut out = Vec::with_capacity(wanted);
+        let mut bytes = 0usize;
+        for payload in self
+            .records
+            .iter()
+            .skip((from - self.first) as usize)
+            .take(wanted)
+        {
+            if !out.is_empty() && bytes.saturating_add(payload.len()) > max_bytes {
+                break;
+            }
+            bytes = bytes.saturating_add(payload.len());
+            out.push((from + out.len() as Offset, payload.clone()));
+        }
+        Some(out)
+    }
+}
+
 /// Counters since open, for metrics and for judging group commit (records per synced write).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogStats {
@@ -329,6 +407,8 @@ pub(crate) struct Shared {
     fault: std::sync::OnceLock<String>,
     /// Set after a write that was not fsynced (`sync_interval_ms`), cleared by the syncer.
     unsynced: std::sync::atomic::AtomicBool,
+    /// Partitions of every topic, which share `read_cache_bytes` evenly.
+    partitions_total: AtomicU64,
     /// Test hook: this many next synced writes fail as if the disk refused them.
     #[cfg(test)]
     fail_next_writes: AtomicU32,
@@ -350,6 +430,8 @@ struct PartitionState {
     initial: Tail,
     /// Payload bytes retention deleted and no compaction has reclaimed yet (retention only).
     unreclaimed_bytes: AtomicU64,
+    /// The newest records, for reads that keep up (written by the writer thread only).
+    recent: Mutex<Recent>,
 }
 
 #[cfg(feature = "rocksdb")]
@@ -362,6 +444,7 @@ impl TopicState {
                 end: watch::channel(tail.next).0,
                 initial: tail,
                 unreclaimed_bytes: AtomicU64::new(0),
+                recent: Mutex::new(Recent::default()),
             })
             .collect();
         Self {
@@ -399,6 +482,13 @@ impl TopicState {
             .get(partition as usize)
             .map(|p| p.initial)
             .unwrap_or_default()
+    }
+
+    /// Keeps a record the writer just wrote in the partition's window of recent records.
+    fn remember(&self, partition: Partition, offset: Offset, payload: &Bytes, cap: usize) {
+        if let Some(p) = self.partitions.get(partition as usize) {
+            lock(&p.recent).push(offset, payload, cap);
+        }
     }
 
     fn publish_end(&self, partition: Partition, end: Offset) {
@@ -499,6 +589,7 @@ impl EmbeddedLog {
         ];
         let db = DB::open_cf_descriptors(&opts, &cfg.dir, cfs).map_err(LogError::storage)?;
         let topics = recover_topics(&db)?;
+        let partitions_total: u64 = topics.values().map(|t| t.partitions.len() as u64).sum();
         let shared = Arc::new(Shared {
             db,
             cfg,
@@ -507,6 +598,7 @@ impl EmbeddedLog {
             write_failures: AtomicU64::new(0),
             fault: std::sync::OnceLock::new(),
             unsynced: std::sync::atomic::AtomicBool::new(false),
+            partitions_total: AtomicU64::new(partitions_total),
             #[cfg(test)]
             fail_next_writes: AtomicU32::new(0),
         });
@@ -708,6 +800,47 @@ impl EmbeddedLog {
     /// Reads up to `max` records of one partition from `from`, stopping before the payload
     /// total would pass `max_bytes` (but always returning at least one record when there is
     /// one, however large).
+    /// [`Self::read`] answered from memory, when it can be without RocksDB: out of range,
+    /// at the end, or from the partition's window of recent records (see `Recent`).
+    /// `None` when only a read of the database can answer. Never blocks on I/O.
+    pub fn read_recent(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+        from: Offset,
+        max: usize,
+        max_bytes: usize,
+    ) -> Option<ReadResult> {
+        let state = self.topic_state(topic)?;
+        let part = state.partition(partition).ok()?;
+        let end = part.end();
+        let earliest = part.earliest();
+        if from < earliest || from > end {
+            return Some(ReadResult::OutOfRange { earliest, end });
+        }
+        if from == end || max == 0 {
+            return Some(ReadResult::Records {
+                records: Vec::new(),
+                earliest,
+                end,
+            });
+        }
+        let records = lock(&part.recent).read(from, end, max, max_bytes)?;
+        // Retention may have moved `earliest` past `from` since it was read above.
+        let earliest_now = part.earliest();
+        if from < earliest_now {
+            return Some(ReadResult::OutOfRange {
+                earliest: earliest_now,
+                end,
+            });
+        }
+        Some(ReadResult::Records {
+            records,
+            earliest: earliest_now,
+            end,
+        })
+    }
+
     pub fn read(
         &self,
         topic: &TopicName,
@@ -1042,6 +1175,10 @@ impl EmbeddedLog {
         .map_err(LogError::storage)?;
         let tails = (0..partitions).map(|_| (0, Tail::default())).collect();
         let state = Arc::new(TopicState::new(topic.clone(), tails));
+        self.inner
+            .shared
+            .partitions_total
+            .fetch_add(u64::from(partitions), Ordering::Relaxed);
         self.inner
             .topics
             .write()

@@ -827,3 +827,119 @@ fn a_sync_interval_outside_its_bounds_is_refused() {
         }
     }
 }
+
+// ----- the window of recent records -----
+
+/// Goal: a read answered from the window of recent records is exactly the read RocksDB
+/// answers — same offsets, same bytes, same paging by count and bytes — and the window
+/// holds at most its share of `read_cache_bytes`, so older records come from the
+/// database. Method: 40 records of 100 bytes on one partition with a window of 1 000 bytes
+/// (10 records); every (from, max, max_bytes) compared between `read_recent` and `read`.
+#[tokio::test]
+async fn the_window_of_recent_records_answers_as_the_database_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.default_partitions = 1;
+    cfg.read_cache_bytes = 1_000;
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("recent");
+    for batch in 0..4u8 {
+        let items = (0..10u8)
+            .map(|i| item(None, vec![batch * 10 + i; 100]))
+            .collect();
+        log.append(&t, items).await.unwrap();
+    }
+    assert_eq!(log.offsets(&t, 0).unwrap(), (0, 40));
+    let mut answered_in_memory = 0;
+    for from in 0..=41u64 {
+        for (max, max_bytes) in [
+            (1, usize::MAX),
+            (7, usize::MAX),
+            (100, 250),
+            (100, usize::MAX),
+        ] {
+            let disk = log.read(&t, 0, from, max, max_bytes).unwrap();
+            match log.read_recent(&t, 0, from, max, max_bytes) {
+                Some(memory) => {
+                    assert_eq!(
+                        memory, disk,
+                        "from {from}, max {max}, max_bytes {max_bytes}"
+                    );
+                    if matches!(&memory, ReadResult::Records { records, .. } if !records.is_empty())
+                    {
+                        answered_in_memory += 1;
+                        assert!(from >= 30, "record {from} is outside a window of 10");
+                    }
+                }
+                None => assert!(from < 30, "record {from} is in the window"),
+            }
+        }
+    }
+    assert_eq!(
+        answered_in_memory,
+        10 * 4,
+        "every read of the last 10 records"
+    );
+}
+
+/// Goal: retention is never hidden by the window: a record it deleted is out of range in
+/// memory too. Method: a partition whose every record is in the window loses its first
+/// five to retention by age; a read of them is `OutOfRange`, a read after them still
+/// answered from memory.
+#[tokio::test]
+async fn the_window_of_recent_records_respects_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let mut cfg = clocked(dir.path(), &clock);
+    cfg.default_partitions = 1;
+    cfg.retention_ms = Some(2_000);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("aging");
+    clock.set(1_000);
+    log.append(&t, (0..5).map(|i| item(None, vec![i; 10])).collect())
+        .await
+        .unwrap();
+    clock.set(5_000);
+    log.append(&t, (5..10).map(|i| item(None, vec![i; 10])).collect())
+        .await
+        .unwrap();
+    assert!(matches!(
+        log.read_recent(&t, 0, 0, 10, usize::MAX),
+        Some(ReadResult::Records { ref records, .. }) if records.len() == 10
+    ));
+    let report = log.enforce_retention(6_000).unwrap();
+    assert_eq!(report.truncated.len(), 1);
+    assert_eq!(
+        log.read_recent(&t, 0, 2, 10, usize::MAX),
+        Some(ReadResult::OutOfRange {
+            earliest: 5,
+            end: 10
+        })
+    );
+    assert_eq!(
+        log.read_recent(&t, 0, 5, 10, usize::MAX),
+        Some(log.read(&t, 0, 5, 10, usize::MAX).unwrap())
+    );
+}
+
+/// Goal: `read_cache_bytes = 0` keeps nothing in memory: every read of a record goes to
+/// the database (and still answers the same).
+#[tokio::test]
+async fn no_window_when_read_cache_bytes_is_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.default_partitions = 1;
+    cfg.read_cache_bytes = 0;
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("none");
+    log.append(&t, vec![item(None, "a"), item(None, "b")])
+        .await
+        .unwrap();
+    assert_eq!(log.read_recent(&t, 0, 0, 10, usize::MAX), None);
+    assert_eq!(
+        log.read_recent(&t, 0, 2, 10, usize::MAX),
+        Some(log.read(&t, 0, 2, 10, usize::MAX).unwrap()),
+        "at the end, memory still answers (nothing to read)"
+    );
+    assert_eq!(read_all(&log, &t, 0).len(), 2);
+}

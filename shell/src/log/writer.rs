@@ -174,6 +174,17 @@ fn commit(
     shared
         .records_appended
         .fetch_add(items as u64, Ordering::Relaxed);
+    // The new records join the windows of recent records before their end is published,
+    // so a reader that sees the new end finds them there.
+    let partitions = shared.partitions_total.load(Ordering::Relaxed).max(1);
+    let cap = usize::try_from(shared.cfg.read_cache_bytes as u64 / partitions).unwrap_or(0);
+    if cap > 0 {
+        for (request, assigned) in group.iter().zip(&results) {
+            for ((partition, payload), &(_, offset)) in request.items.iter().zip(assigned) {
+                request.topic.remember(*partition, offset, payload, cap);
+            }
+        }
+    }
     for (id, (topic, tail)) in touched {
         topic.publish_end(id.1, tail.next);
         tails.insert(id, tail);

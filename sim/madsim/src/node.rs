@@ -76,7 +76,8 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>, node: usize
     let tap: Arc<dyn EngineTap> = Arc::new(Observer(world.clone(), node));
     let mut config = engine_config(&world.opts);
     backend.configure(&mut config);
-    let (handle, _join) = match engine::start_observed(config, log.clone(), state, Some(tap)) {
+    let (handle, _join) = match engine::start_observed(config, log.clone(), state, Some(tap)).await
+    {
         Ok(started) => started,
         Err(e) => {
             world.fail(violation(

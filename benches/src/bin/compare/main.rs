@@ -6,7 +6,7 @@
 //! cargo run --release -p unimesh-benches --features compare --bin compare -- \
 //!     [--events 20000] [--size 1024] [--publishers 4] [--batch 50] [--consumers 4] \
 //!     [--poll 200] [--partitions 4] [--runs 2] [--sync-interval-ms 100] [--rate 0] \
-//!     [--nats-server nats-server] [--json compare.json]
+//!     [--nats-server nats-server] [--json compare.json] [--jetstream 1]
 //! ```
 //!
 //! Per run, in alternating order: unimesh with `storage.sync = "always"` (every publish
@@ -40,6 +40,8 @@ pub struct Args {
     pub rate: u64,
     pub nats_server: String,
     pub json: Option<String>,
+    /// 0 leaves JetStream out (a profile of unimesh alone).
+    pub jetstream: u64,
 }
 
 fn args() -> Result<Args, String> {
@@ -56,6 +58,7 @@ fn args() -> Result<Args, String> {
         rate: 0,
         nats_server: "nats-server".to_owned(),
         json: None,
+        jetstream: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -78,6 +81,7 @@ fn args() -> Result<Args, String> {
                     "--runs" => &mut a.runs,
                     "--sync-interval-ms" => &mut a.sync_interval_ms,
                     "--rate" => &mut a.rate,
+                    "--jetstream" => &mut a.jetstream,
                     other => return Err(format!("unknown flag {other}")),
                 };
                 *slot = v;
@@ -144,7 +148,9 @@ fn main() {
                 Vec::new(),
             ));
         }
-        systems.push((format!("jetstream 2.9 default{load}"), Vec::new()));
+        if a.jetstream > 0 {
+            systems.push((format!("jetstream 2.9 default{load}"), Vec::new()));
+        }
     }
     for run in 0..a.runs as usize {
         let n = systems.len();

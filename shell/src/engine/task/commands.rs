@@ -11,7 +11,8 @@ use unimesh_core::{
 
 use super::EngineTask;
 use crate::engine::api::{refusal, topic_error, ClientInfo, EngineError, Settling};
-use crate::engine::command::{Command, Reply};
+use crate::engine::command::{Command, Event, Reply};
+use crate::engine::ports::{AppendError, TopicFacts};
 
 impl EngineTask {
     pub(super) fn on_command(&mut self, command: Command) {
@@ -83,7 +84,7 @@ impl EngineTask {
                 reply,
             } => self.on_settle(group, how, ids, reply),
             Command::Shutdown { reply } => self.on_shutdown(reply),
-            Command::Subscribe { spec, reply } => self.on_subscribe(*spec, reply),
+            Command::Subscribe { spec, reply } => self.on_subscribe(spec, reply),
             Command::Subscription { group, reply } => {
                 let r = self
                     .info(&group)
@@ -258,9 +259,59 @@ impl EngineTask {
         }
     }
 
-    /// Creates or updates a group; answers (created?) once its definition is durable.
-    fn on_subscribe(&mut self, spec: SubscriptionSpec, reply: Reply<bool>) {
-        match self.subscribe(spec) {
+    /// Creates or updates a group; answers (created?) once its definition is durable. A
+    /// definition the core refuses is answered at once; the others wait their turn for the
+    /// log to prepare their topic (off the task: a topic's creation is a synced write, on
+    /// Kafka a round trip to the broker), then apply in the order they came.
+    fn on_subscribe(&mut self, spec: Box<SubscriptionSpec>, reply: Reply<bool>) {
+        // A refused subscription must leave no topic behind (nothing half-applied).
+        if let Err(r) = self.mesh.check_subscribe(&spec) {
+            let _ = reply.send(Err(refusal(r, &spec.group)));
+            return;
+        }
+        self.subscribes.push_back((spec, reply));
+        self.prepare_next_topic();
+    }
+
+    /// Sends the first waiting subscription's topic to the log, unless one is out already.
+    pub(super) fn prepare_next_topic(&mut self) {
+        if self.subscribing {
+            return;
+        }
+        let Some((spec, reply)) = self.subscribes.pop_front() else {
+            return;
+        };
+        self.subscribing = true;
+        let latest_unknown = matches!(&spec.start_from, StartFrom::Latest(ends) if ends.is_empty());
+        let with_offsets = self.placing_needs_offsets() || latest_unknown;
+        let (log, events) = (self.log.clone(), self.events_tx.clone());
+        tokio::spawn(async move {
+            let facts = log.prepare_topic(spec.topic.clone(), with_offsets).await;
+            let _ = events
+                .send(Event::TopicPrepared { spec, reply, facts })
+                .await;
+        });
+    }
+
+    /// The log prepared a subscription's topic: the subscription applies, and the next one
+    /// waiting goes to the log.
+    pub(super) fn on_topic_prepared(
+        &mut self,
+        spec: Box<SubscriptionSpec>,
+        reply: Reply<bool>,
+        facts: Result<TopicFacts, AppendError>,
+    ) {
+        self.subscribing = false;
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(EngineError::Unavailable(
+                "the engine is stopping".into(),
+            )));
+            return;
+        }
+        let applied = facts
+            .map_err(topic_error)
+            .and_then(|facts| self.subscribe(*spec, &facts));
+        match applied {
             Ok(created) => {
                 let (tx, rx) = oneshot::channel();
                 self.flush_after(tx);
@@ -275,22 +326,24 @@ impl EngineTask {
                 let _ = reply.send(Err(e));
             }
         }
+        self.prepare_next_topic();
     }
 
-    fn subscribe(&mut self, mut spec: SubscriptionSpec) -> Result<bool, EngineError> {
+    fn subscribe(
+        &mut self,
+        mut spec: SubscriptionSpec,
+        facts: &TopicFacts,
+    ) -> Result<bool, EngineError> {
         let existed = self.mesh.subscription(&spec.group).is_some();
-        // A refused subscription must leave no topic behind (nothing half-applied).
-        self.mesh
-            .check_subscribe(&spec)
-            .map_err(|r| refusal(r, &spec.group))?;
-        let partitions = self.log.ensure_topic(&spec.topic).map_err(topic_error)?;
         if let StartFrom::Latest(ends) = &mut spec.start_from {
             if ends.is_empty() && !existed {
-                for p in 0..partitions {
-                    let (_, end) = self
-                        .log
-                        .offsets(&spec.topic, p)
-                        .map_err(EngineError::Unavailable)?;
+                if facts.offsets.len() != facts.partitions as usize {
+                    return Err(EngineError::Unavailable(format!(
+                        "the ends of {} are not known",
+                        spec.topic
+                    )));
+                }
+                for (p, &(_, end)) in (0..facts.partitions).zip(&facts.offsets) {
                     ends.insert(p, end);
                 }
             }
@@ -301,7 +354,7 @@ impl EngineTask {
             return Err(refusal(r, &group));
         }
         if !existed {
-            self.place_group(&group, &topic)?;
+            self.place_group(&group, &topic, facts)?;
         }
         self.finish_pending();
         Ok(!existed)

@@ -17,7 +17,7 @@ mod views;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,13 +27,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use unimesh_core::{
     Assignment, ClientId, Delivery, DeliveryId, Effect, FetchId, FetchResult, GroupName, Input,
-    Mesh, Millis, Offset, Partition, PersistBatch, Response, SkipReason, Ticket, TopicName,
+    Mesh, Millis, Offset, Partition, PersistBatch, Response, SkipReason, SubscriptionSpec, Ticket,
+    TopicName,
 };
 
 use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
 use super::persist::Fences;
-use super::ports::{GroupEvent, LogPort, LogRead};
+use super::ports::{GroupEvent, LogPort, LogRead, TopicFacts};
 use super::records::decode_record;
 use super::stream::Notice;
 use super::tap::EngineTap;
@@ -69,6 +70,11 @@ pub(crate) struct EngineTask {
     /// give back once the current effects are drained — never from inside the drain, where
     /// the core's answer (another delivery to the same client) would recurse.
     orphans: Vec<(PollKey, DeliveryId)>,
+    /// Subscriptions waiting for their topic to be prepared at the log (off the task), in
+    /// the order they came; the first is out at the log when `subscribing`. One at a time,
+    /// so they apply in the order they were asked.
+    subscribes: VecDeque<(Box<SubscriptionSpec>, Reply<bool>)>,
+    subscribing: bool,
     /// Replies waiting for "the next persist" to be durable (subscription changes, seeks).
     flush_waiters: Vec<Reply<()>>,
     ticket_waiters: BTreeMap<Ticket, Vec<Reply<()>>>,
@@ -120,6 +126,8 @@ impl EngineTask {
             streams: Streams::default(),
             to_finish: Vec::new(),
             orphans: Vec::new(),
+            subscribes: VecDeque::new(),
+            subscribing: false,
             flush_waiters: Vec::new(),
             ticket_waiters: BTreeMap::new(),
             replaying: BTreeMap::new(),
@@ -197,36 +205,47 @@ impl EngineTask {
     }
 
     /// Gives `group` its partitions: every partition of `topic` when this instance owns the
-    /// log whole, else whatever the broker's group coordinator assigns (later, as
-    /// [`GroupEvent`]s).
-    fn place_group(&mut self, group: &GroupName, topic: &TopicName) -> Result<(), EngineError> {
+    /// log whole (their offsets are in `facts`), else whatever the broker's group
+    /// coordinator assigns (later, as [`GroupEvent`]s).
+    fn place_group(
+        &mut self,
+        group: &GroupName,
+        topic: &TopicName,
+        facts: &TopicFacts,
+    ) -> Result<(), EngineError> {
         if self.log.assigns_partitions() {
-            self.log.ensure_topic(topic).map_err(topic_error)?;
             return self
                 .log
                 .join(group, topic)
                 .map_err(EngineError::Unavailable);
         }
-        self.assign_all(group, topic)
+        self.assign_all(group, facts)
     }
 
-    /// Assigns every partition of `topic` to `group` (the embedded log is owned whole by
-    /// this instance).
-    fn assign_all(&mut self, group: &GroupName, topic: &TopicName) -> Result<(), EngineError> {
-        let partitions = self.log.ensure_topic(topic).map_err(topic_error)?;
-        let mut assignments = Vec::with_capacity(partitions as usize);
-        for p in 0..partitions {
-            let (earliest, end) = self
-                .log
-                .offsets(topic, p)
-                .map_err(EngineError::Unavailable)?;
-            assignments.push(Assignment {
-                partition: p,
+    /// Whether [`Self::place_group`] needs each partition's offsets.
+    fn placing_needs_offsets(&self) -> bool {
+        !self.log.assigns_partitions()
+    }
+
+    /// Assigns every partition of the topic whose `facts` are given to `group` (the
+    /// embedded log is owned whole by this instance).
+    fn assign_all(&mut self, group: &GroupName, facts: &TopicFacts) -> Result<(), EngineError> {
+        if facts.offsets.len() != facts.partitions as usize {
+            return Err(EngineError::Unavailable(format!(
+                "the log answered {} partition offsets for {} partitions",
+                facts.offsets.len(),
+                facts.partitions
+            )));
+        }
+        let assignments = (0..facts.partitions)
+            .zip(&facts.offsets)
+            .map(|(partition, &(earliest, end))| Assignment {
+                partition,
                 earliest,
                 end,
                 checkpoint: None,
-            });
-        }
+            })
+            .collect();
         match self.handle(Input::PartitionsAssigned {
             group: group.clone(),
             partitions: assignments,
@@ -236,8 +255,9 @@ impl EngineTask {
         }
     }
 
-    /// Assigns the partitions of every recovered group; called once at start.
-    pub fn assign_recovered(&mut self) -> Result<(), EngineError> {
+    /// Assigns the partitions of every recovered group; called once at start, before the
+    /// task serves.
+    pub async fn assign_recovered(&mut self) -> Result<(), EngineError> {
         let groups: Vec<(GroupName, TopicName)> = self
             .mesh
             .group_names()
@@ -247,8 +267,14 @@ impl EngineTask {
                     .map(|s| (g.clone(), s.topic.clone()))
             })
             .collect();
+        let with_offsets = self.placing_needs_offsets();
         for (group, topic) in groups {
-            self.place_group(&group, &topic)?;
+            let facts = self
+                .log
+                .prepare_topic(topic.clone(), with_offsets)
+                .await
+                .map_err(topic_error)?;
+            self.place_group(&group, &topic, &facts)?;
         }
         self.drain();
         Ok(())
@@ -609,6 +635,9 @@ impl EngineTask {
                 });
                 tracing::info!(%group, ?partitions, "partitions revoked");
                 let _ = done.try_send(());
+            }
+            Event::TopicPrepared { spec, reply, facts } => {
+                self.on_topic_prepared(spec, reply, facts)
             }
             Event::Fetched {
                 group,

@@ -92,7 +92,7 @@ async fn a_delivery_without_a_session_goes_back_once_without_burning_attempts() 
             .remove(0);
             AppendItem {
                 key: None,
-                value: crate::event::encode_stored(&ev),
+                value: ev.stored(),
             }
         })
         .collect();
@@ -102,7 +102,10 @@ async fn a_delivery_without_a_session_goes_back_once_without_burning_attempts() 
     let mut spec = SubscriptionSpec::new(group.clone(), topic.clone());
     spec.max_attempts = 3;
     assert!(matches!(task.handle(Input::Subscribe(spec)), Response::Ok));
-    task.assign_all(&group, &topic).expect("assigned");
+    let facts = LogPort::prepare_topic(&log, topic.clone(), true)
+        .await
+        .expect("the topic");
+    task.assign_all(&group, &facts).expect("assigned");
     let ghost = ClientId::new("ghost").expect("a valid id");
     let _ = task.handle(Input::ClientPoll {
         group: group.clone(),

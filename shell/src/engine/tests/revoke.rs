@@ -14,7 +14,7 @@ use super::{
     start, EngineHandle, GroupName, MemoryDisk, MemoryLog, MemoryStore, Settle, Settling,
     StoreAdapter, TopicName,
 };
-use crate::engine::ports::{AppendError, BoxFut, GroupEvent, LogPort, LogRead};
+use crate::engine::ports::{AppendError, BoxFut, GroupEvent, LogPort, LogRead, TopicFacts};
 use crate::engine::StatePort;
 use crate::log::AppendItem;
 use crate::state::{DlqEntry, Loaded};
@@ -114,8 +114,12 @@ impl LogPort for Grouped {
     ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
         self.inner.append(topic, items)
     }
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        self.inner.ensure_topic(topic)
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        self.inner.prepare_topic(topic, with_offsets)
     }
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
         self.inner.partitions(topic)
@@ -254,7 +258,7 @@ async fn bench(flush_interval_ms: u64) -> Bench {
     let port: Arc<dyn LogPort> = log.clone();
     let mut cfg = config();
     cfg.mesh.flush_interval_ms = flush_interval_ms;
-    let (handle, _join) = start(cfg, port, state.clone()).unwrap();
+    let (handle, _join) = start(cfg, port, state.clone()).await.unwrap();
     for _ in 0..200 {
         if handle.is_ready() {
             break;

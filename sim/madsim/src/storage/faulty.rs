@@ -14,7 +14,7 @@ use unimesh_core::{
     DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
 };
 use unimesh_shell::engine::{
-    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
+    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, TopicFacts,
 };
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded};
@@ -255,8 +255,12 @@ impl LogPort for FaultyLog {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        self.inner.ensure_topic(topic)
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        self.inner.prepare_topic(topic, with_offsets)
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {

@@ -51,7 +51,7 @@ use unimesh_core::{
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
     AppendError, BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
-    StoreAdapter,
+    StoreAdapter, TopicFacts,
 };
 use unimesh_shell::kafka::{decode_message, KafkaLog, KafkaSettings, KafkaState};
 
@@ -706,8 +706,12 @@ impl LogPort for TappedLog {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        self.inner.ensure_topic(topic)
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        self.inner.prepare_topic(topic, with_offsets)
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {

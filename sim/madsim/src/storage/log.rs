@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use madsim_tokio as tokio;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
-use unimesh_shell::engine::{AppendError, BoxFut, LogPort, LogRead};
+use unimesh_shell::engine::{AppendError, BoxFut, LogPort, LogRead, TopicFacts};
 use unimesh_shell::log::{partition_for_key, AppendItem};
 use unimesh_sim::rng::Rng;
 
@@ -224,8 +224,18 @@ impl LogPort for SimLog {
         })
     }
 
-    fn ensure_topic(&self, topic: &TopicName) -> Result<u32, AppendError> {
-        Ok(self.disk.ensure_topic(topic))
+    fn prepare_topic(
+        &self,
+        topic: TopicName,
+        with_offsets: bool,
+    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+        let partitions = self.disk.ensure_topic(&topic);
+        let facts = TopicFacts::read(partitions, with_offsets, |p| {
+            self.disk
+                .offsets(&topic, p)
+                .ok_or_else(|| format!("unknown partition {topic}/{p}"))
+        });
+        Box::pin(async move { facts })
     }
 
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
