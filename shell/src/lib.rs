@@ -2,6 +2,7 @@ pub mod config;
 pub mod engine;
 pub mod event;
 pub mod http;
+pub mod json_numbers;
 pub mod kafka;
 pub mod log;
 pub mod spec_json;

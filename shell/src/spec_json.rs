@@ -13,14 +13,14 @@
 //!
 //! Only `topic` is required; everything else defaults to [`SubscriptionSpec::new`].
 //! User input goes through [`SubscriptionDoc::from_json`], which names the offending field in
-//! every error (`{"field": "backoff.multiplier", "message": "..."}`): serde's own messages
-//! say what was wrong but not where, once the error is inside a nested object.
+//! every error (`{"field": "backoff.multiplier", "message": "..."}`): the derived decoder runs
+//! under `serde_path_to_error`, which tracks where serde was when its message arose. The
+//! stored codec (`state::codec`) decodes the same type with the same derive.
 
 use std::collections::BTreeMap;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use unimesh_core::{
     Backoff, Filter, GroupName, Ordering, StartFrom, SubscriptionLimits, SubscriptionSpec,
     TopicName,
@@ -37,6 +37,9 @@ pub const PUSH_URL_PATTERN: &str = r"^https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A
 
 /// [`PUSH_URL_PATTERN`] after the host: optional port, path and query.
 pub const PUSH_URL_AFTER_HOST: &str = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$";
+
+/// The members of [`SubscriptionDoc`] that are objects.
+const OBJECT_MEMBERS: [&str; 3] = ["filter", "backoff", "push"];
 
 /// Longest accepted filter value (type, source, subject, prefixes, extension values), in bytes.
 pub const MAX_FILTER_VALUE_BYTES: usize = 1_024;
@@ -257,60 +260,24 @@ impl SubscriptionDoc {
     pub fn from_json(body: &[u8]) -> Result<Self, FieldError> {
         let mut value: Value = serde_json::from_slice(body)
             .map_err(|e| FieldError::new("", format!("the body is not valid JSON: {e}")))?;
-        crate::http::integral_floats(&mut value);
-        let mut top = into_object(value, "")?;
-        let filter = match take::<Map<String, Value>>(&mut top, "", "filter")? {
-            None => None,
-            Some(mut f) => {
-                let doc = FilterDoc {
-                    ty: take(&mut f, "filter", "type")?,
-                    source: take(&mut f, "filter", "source")?,
-                    subject: take(&mut f, "filter", "subject")?,
-                    subject_prefix: take(&mut f, "filter", "subjectPrefix")?,
-                    type_prefix: take(&mut f, "filter", "typePrefix")?,
-                    extensions: take(&mut f, "filter", "extensions")?,
-                };
-                no_leftovers(&f, "filter")?;
-                Some(doc)
+        if !value.is_object() {
+            let message = format!("must be a JSON object, not {}", kind(&value));
+            return Err(FieldError::new("", message));
+        }
+        // The one required member first: a misspelt `topic` is reported as missing, not as
+        // an unknown member.
+        if value.get("topic").is_none_or(Value::is_null) {
+            return Err(FieldError::new("topic", "is required"));
+        }
+        // serde's derived structs also take an array of their fields in order; the
+        // document's nested members are objects only.
+        for name in OBJECT_MEMBERS {
+            if value.get(name).is_some_and(Value::is_array) {
+                return Err(FieldError::new(name, "must be a JSON object, not an array"));
             }
-        };
-        let backoff = match take::<Map<String, Value>>(&mut top, "", "backoff")? {
-            None => None,
-            Some(mut b) => {
-                let doc = BackoffDoc {
-                    initial_ms: take(&mut b, "backoff", "initialMs")?,
-                    max_ms: take(&mut b, "backoff", "maxMs")?,
-                    multiplier: take(&mut b, "backoff", "multiplier")?,
-                };
-                no_leftovers(&b, "backoff")?;
-                Some(doc)
-            }
-        };
-        let push = match take::<Map<String, Value>>(&mut top, "", "push")? {
-            None => None,
-            Some(mut p) => {
-                let url = take(&mut p, "push", "url")?
-                    .ok_or_else(|| FieldError::new("push.url", "is required"))?;
-                let secret = take(&mut p, "push", "secret")?;
-                let batch = take(&mut p, "push", "batch")?;
-                no_leftovers(&p, "push")?;
-                Some(PushDoc { url, secret, batch })
-            }
-        };
-        let doc = SubscriptionDoc {
-            topic: take(&mut top, "", "topic")?
-                .ok_or_else(|| FieldError::new("topic", "is required"))?,
-            filter,
-            ack_timeout_ms: take(&mut top, "", "ackTimeoutMs")?,
-            max_attempts: take(&mut top, "", "maxAttempts")?,
-            backoff,
-            max_in_flight_per_client: take(&mut top, "", "maxInFlightPerClient")?,
-            ordering: take(&mut top, "", "ordering")?,
-            start_from: take(&mut top, "", "startFrom")?,
-            push,
-        };
-        no_leftovers(&top, "")?;
-        Ok(doc)
+        }
+        crate::json_numbers::integral_floats(&mut value);
+        serde_path_to_error::deserialize(value).map_err(field_error)
     }
 
     /// Converts into a spec for `group` and checks it against `limits`. `startFrom: latest`
@@ -529,35 +496,21 @@ fn path(parent: &str, name: &str) -> String {
     }
 }
 
-fn into_object(value: Value, at: &str) -> Result<Map<String, Value>, FieldError> {
-    match value {
-        Value::Object(m) => Ok(m),
-        other => Err(FieldError::new(
-            at,
-            format!("must be a JSON object, not {}", kind(&other)),
-        )),
-    }
-}
-
-/// Removes `name` from `obj` and deserializes it; `null` counts as absent.
-fn take<T: DeserializeOwned>(
-    obj: &mut Map<String, Value>,
-    parent: &str,
-    name: &str,
-) -> Result<Option<T>, FieldError> {
-    match obj.remove(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v)
-            .map(Some)
-            .map_err(|e| FieldError::new(path(parent, name), e.to_string())),
-    }
-}
-
-fn no_leftovers(obj: &Map<String, Value>, parent: &str) -> Result<(), FieldError> {
-    match obj.keys().next() {
-        None => Ok(()),
-        Some(k) => Err(FieldError::new(path(parent, k), "unknown field")),
-    }
+/// The field a decoding error is about: the path serde_path_to_error tracked (an unknown
+/// member's own name included), and for a missing member its name too (serde gives it only
+/// in its message; the path ends at the object that lacks it).
+fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> FieldError {
+    let at = e.path().to_string();
+    let at = if at == "." { String::new() } else { at };
+    let message = e.into_inner().to_string();
+    let member = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next());
+    let field = match member {
+        Some(name) => path(&at, name),
+        None => at,
+    };
+    FieldError::new(field, message)
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -718,6 +671,8 @@ mod tests {
     fn errors_name_the_field() {
         let cases = [
             (r#"{}"#, "topic"),
+            (r#"{"topc":"t"}"#, "topic"),
+            (r#"{"topic":null}"#, "topic"),
             (r#"{"topic":"a/b"}"#, "topic"),
             (r#"{"topic":7}"#, "topic"),
             (r#"{"topic":"t","tpoic":"x"}"#, "tpoic"),
@@ -744,6 +699,9 @@ mod tests {
             ),
             (r#"{"topic":"t","backoff":{"jitter":1}}"#, "backoff.jitter"),
             (r#"{"topic":"t","backoff":[]}"#, "backoff"),
+            (r#"{"topic":"t","backoff":[1000,60000,2.0]}"#, "backoff"),
+            (r#"{"topic":"t","filter":["x"]}"#, "filter"),
+            (r#"{"topic":"t","push":["https://h/"]}"#, "push"),
             (r#"{"topic":"t","filter":{"tyep":"x"}}"#, "filter.tyep"),
             (r#"{"topic":"t","filter":{"type":1}}"#, "filter.type"),
             (
@@ -752,7 +710,7 @@ mod tests {
             ),
             (
                 r#"{"topic":"t","filter":{"extensions":{"tier":1}}}"#,
-                "filter.extensions",
+                "filter.extensions.tier",
             ),
             (r#"{"topic":"t","ordering":"fifo"}"#, "ordering"),
             (r#"{"topic":"t","startFrom":"middle"}"#, "startFrom"),

@@ -36,7 +36,6 @@ mod traffic;
 #[cfg(test)]
 mod tests;
 
-pub use body::integral_floats;
 pub use document::{checked_in_path, render as render_openapi, Documents};
 pub use error::ApiError;
 pub use metrics::Metrics;
