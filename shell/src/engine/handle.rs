@@ -298,7 +298,8 @@ impl EngineHandle {
         started
     }
 
-    /// Operator rewind (or skip) of one partition of a group; answers once durable.
+    /// Operator rewind (or skip) of one partition of a group; answers once durable. An
+    /// offset outside what the log holds is refused.
     pub async fn seek(
         &self,
         group: &GroupName,
@@ -310,6 +311,36 @@ impl EngineHandle {
             group,
             partition,
             offset,
+            clamp: false,
+            reply,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Seek by time: one partition of a group restarts at the first offset appended (on
+    /// Kafka: timestamped) at or after `time_ms` (ms since the Unix epoch) — the earliest
+    /// offset for a time before every record, the end for one after them all. The log
+    /// resolves the time; the core's `Seek` takes the offset. Answers the offset, once
+    /// durable.
+    pub async fn seek_to_time(
+        &self,
+        group: &GroupName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> Result<Offset, EngineError> {
+        let topic = self.subscription(group).await?.spec.topic;
+        let offset = self
+            .log
+            .offset_for_time(topic, partition, time_ms)
+            .await
+            .map_err(super::api::topic_error)?;
+        let group = group.clone();
+        self.ask(|reply| Command::Seek {
+            group,
+            partition,
+            offset,
+            clamp: true,
             reply,
         })
         .await

@@ -858,6 +858,11 @@ async fn admin_views_and_levers() {
     assert_eq!(rows.len(), 2);
     let end: u64 = rows.iter().map(|r| r["end"].as_u64().expect("end")).sum();
     assert_eq!(end, 2);
+    let p0_end = rows
+        .iter()
+        .find(|r| r["partition"] == 0)
+        .and_then(|r| r["end"].as_u64())
+        .expect("partition 0");
     let a = rig.admin(Method::GET, "/admin/offsets", Value::Null).await;
     a.error(400, "invalid-query", "topic is required");
 
@@ -911,7 +916,58 @@ async fn admin_views_and_levers() {
             json!({"partition": 0}),
         )
         .await;
-    a.error(400, "invalid-json", "offset");
+    a.error(400, "invalid-json", "\"offset\"");
+    let (request, json_) = ("invalid-request", "invalid-json");
+    for (body, code, needle) in [
+        (
+            json!({"partition": 0, "offset": 0, "time": "2024-01-01T00:00:00Z"}),
+            json_,
+            "not both",
+        ),
+        (
+            json!({"partition": 0, "time": "yesterday"}),
+            request,
+            "\"time\" is not an RFC 3339",
+        ),
+        (
+            json!({"partition": 0, "time": "2024-01-01T00:00:00"}),
+            request,
+            "\"time\"",
+        ),
+        (json!({"partition": 0, "time": 5}), json_, "\"time\""),
+        (json!({"partition": 0, "offset": "0"}), json_, "\"offset\""),
+        (
+            json!({"partition": -1, "offset": 0}),
+            json_,
+            "\"partition\"",
+        ),
+        (json!({"partition": 0, "offset": 0, "at": 1}), json_, "at"),
+    ] {
+        let a = rig
+            .admin(Method::POST, "/admin/subscriptions/g/seek", body.clone())
+            .await;
+        a.error(400, code, needle);
+    }
+    // Before every record (and before 1970): the earliest; far after: the end. Lowercase
+    // `t`/`z` and an offset are RFC 3339 too.
+    for (time, offset) in [
+        ("1969-12-31T23:59:59Z", 0),
+        ("2000-01-01t00:00:00.5z", 0),
+        ("9999-12-31T23:59:59+01:00", p0_end),
+    ] {
+        let a = rig
+            .admin(
+                Method::POST,
+                "/admin/subscriptions/g/seek",
+                json!({"partition": 0, "time": time}),
+            )
+            .await;
+        assert_eq!(
+            a.json(),
+            json!({"group": "g", "partition": 0, "offset": offset, "time": time}),
+            "{time}"
+        );
+    }
 
     let a = rig
         .admin(Method::POST, "/admin/clients/c/evict", Value::Null)

@@ -41,6 +41,8 @@ mod properties;
 mod records;
 #[cfg(not(madsim))]
 mod subscriptions;
+#[cfg(not(madsim))]
+mod times;
 
 use std::time::Duration;
 
