@@ -127,6 +127,8 @@ impl EngineHandle {
                 AppendError::Invalid(m) => EngineError::BadRequest(m),
                 AppendError::Unavailable(m) => EngineError::Unavailable(m),
             })?;
+        // The end offsets (lag) moved.
+        self.shared.changed.notify_one();
         Ok(ids
             .into_iter()
             .zip(placed)
@@ -368,7 +370,24 @@ impl EngineHandle {
         let mut limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
         limiter
             .set_rule(now, topic.clone(), rule)
-            .map_err(|e| EngineError::BadRequest(e.to_string()))
+            .map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        self.shared.changed.notify_one();
+        Ok(())
+    }
+
+    /// Every topic's publish rate rule, by topic.
+    pub fn rate_rules(&self) -> Vec<(TopicName, RateRule)> {
+        let limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rules: Vec<(TopicName, RateRule)> =
+            limiter.rules().map(|(t, r)| (t.clone(), r)).collect();
+        rules.sort_by(|a, b| a.0.cmp(&b.0));
+        rules
+    }
+
+    /// Waits until what the views show may have changed since the last call returned (a
+    /// change in between is not lost: it returns at once). One waiter: the console's feed.
+    pub async fn changed(&self) {
+        self.shared.changed.notified().await;
     }
 
     /// The groups that push to a webhook. Cheap (definitions only, no progress views), so

@@ -20,7 +20,7 @@ use super::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use super::schema::DeliveredEvent;
 use super::traffic::SubscriptionView;
 use super::App;
-use crate::engine::{DlqItem, OffsetRow};
+use crate::engine::{ClientInfo, DlqItem, OffsetRow};
 use crate::event::delivery_event_json;
 
 /// Prometheus metrics (OpenMetrics text).
@@ -138,13 +138,25 @@ pub(super) async fn subscriptions(
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct ClientView {
+pub(super) struct ClientView {
     group: String,
     client: String,
     /// Deliveries it asked for and has not received yet.
     credit: u32,
     in_flight: u32,
     last_active_ms: u64,
+}
+
+impl ClientView {
+    pub(super) fn new(c: &ClientInfo) -> Self {
+        Self {
+            group: c.group.as_str().to_owned(),
+            client: c.id.as_str().to_owned(),
+            credit: c.credit,
+            in_flight: c.in_flight,
+            last_active_ms: c.last_active_ms,
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -170,16 +182,7 @@ pub(super) async fn clients(
 ) -> Result<Json<ClientsAnswer>, ApiError> {
     let clients = app.engine.clients().await?;
     Ok(Json(ClientsAnswer {
-        clients: clients
-            .into_iter()
-            .map(|c| ClientView {
-                group: c.group.as_str().to_owned(),
-                client: c.id.as_str().to_owned(),
-                credit: c.credit,
-                in_flight: c.in_flight,
-                last_active_ms: c.last_active_ms,
-            })
-            .collect(),
+        clients: clients.iter().map(ClientView::new).collect(),
     }))
 }
 
@@ -357,6 +360,47 @@ pub(super) struct RateLimitBody {
     events_per_second: u64,
     #[schema(minimum = 1, maximum = 1000000000)]
     burst: u64,
+}
+
+impl RateLimitBody {
+    pub(super) fn new(topic: &TopicName, rule: RateRule) -> Self {
+        Self {
+            topic: topic.as_str().to_owned(),
+            events_per_second: rule.events_per_second,
+            burst: rule.burst,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct RateLimitsAnswer {
+    /// By topic.
+    rules: Vec<RateLimitBody>,
+}
+
+/// Every topic's publish rate limit.
+#[utoipa::path(
+    get,
+    path = "/admin/ratelimit",
+    tag = "operate",
+    operation_id = "rateLimits",
+    responses(
+        (status = 200, description = "Every rule, by topic.", body = RateLimitsAnswer),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn rate_limits(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+) -> Json<RateLimitsAnswer> {
+    Json(RateLimitsAnswer {
+        rules: app
+            .engine
+            .rate_rules()
+            .iter()
+            .map(|(topic, rule)| RateLimitBody::new(topic, *rule))
+            .collect(),
+    })
 }
 
 /// Set a topic's publish rate limit, durably.
