@@ -8,8 +8,9 @@
 #   - the tansu Kafka-protocol broker (the Kafka backend's tests start one per test on a free
 #     loopback port, in memory, and stop it when the test ends: tests/src/kafka.rs), built
 #     with cargo outside the clone — about 10 minutes cold on two cores, reused after;
-#   - Debian's chromium and playwright-core from npm (tests/browser.rs drives a real headless
-#     browser): chromium by apt-get when missing and this runs as root, else it says so.
+#   - Debian's chromium and playwright-core from npm (tests/browser.rs and tests/console.rs
+#     drive a real headless browser): chromium by apt-get when missing and this runs as
+#     root, else it says so.
 # Then `cargo test --workspace` finds tansu at $TANSU_ROOT/bin/tansu (or set UNIMESH_TANSU).
 set -euo pipefail
 
@@ -29,11 +30,11 @@ fi
 cd "$(dirname "$0")"
 if ! command -v "${UNIMESH_CHROMIUM:-chromium}" >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing Debian's chromium (tests/browser.rs)"
+    echo "installing Debian's chromium (tests/browser.rs, tests/console.rs)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null ||
       { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
   else
-    echo "tests/browser.rs needs Chromium: install Debian's chromium package (or set UNIMESH_CHROMIUM)" >&2
+    echo "tests/browser.rs and tests/console.rs need Chromium: install Debian's chromium package (or set UNIMESH_CHROMIUM)" >&2
   fi
 fi
 npm ci --prefix browser --no-audit --no-fund --loglevel=error

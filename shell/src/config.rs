@@ -65,6 +65,11 @@ pub const POLL_EVENTS_HARD_MAX: u32 = 100_000;
 /// Hard ceiling on a long-poll's wait, so a connection is never parked for hours.
 pub const WAIT_MS_HARD_MAX: u64 = 3_600_000;
 
+/// Bounds of `server.console_interval_ms`: a console's snapshots cost the engine a view of
+/// every group, so not more often than this; and not so rarely that it looks dead.
+pub const MIN_CONSOLE_INTERVAL_MS: u64 = 50;
+pub const MAX_CONSOLE_INTERVAL_MS: u64 = 60_000;
+
 /// The whole configuration of one `unimesh serve` process.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -150,6 +155,9 @@ pub struct Server {
     pub stream_heartbeat_ms: u64,
     /// The `retry:` an SSE stream tells its client to wait before reconnecting.
     pub stream_retry_ms: u64,
+    /// The web console's feed (`/admin/events`, the page at `/ui` of the admin listener)
+    /// sends a snapshot when something changed, at most this often (50 to 60000).
+    pub console_interval_ms: u64,
     /// Web page origins allowed on the traffic listener, comma-separated
     /// (`https://app.example.com,http://localhost:3000`): CORS answers for them (preflight
     /// included; `content-type`, `authorization`, `last-event-id` and `ce-*` headers), and
@@ -507,6 +515,7 @@ impl Default for Server {
             stream_window: 256,
             stream_heartbeat_ms: 15_000,
             stream_retry_ms: 1_000,
+            console_interval_ms: 500,
             cors_allowed_origins: String::new(),
             insecure: false,
             tls: Tls::default(),
@@ -776,6 +785,14 @@ impl Config {
             if v == 0 {
                 return bad(key, "must be at least 1".into());
             }
+        }
+        if !(MIN_CONSOLE_INTERVAL_MS..=MAX_CONSOLE_INTERVAL_MS)
+            .contains(&self.server.console_interval_ms)
+        {
+            return bad(
+                "server.console_interval_ms",
+                format!("must be between {MIN_CONSOLE_INTERVAL_MS} and {MAX_CONSOLE_INTERVAL_MS}"),
+            );
         }
         if let Err(why) = crate::http::target::TargetPolicy::parse(&self.push.allowed_hosts) {
             return bad("push.allowed_hosts", why);

@@ -33,6 +33,7 @@ pub mod kafka;
 pub mod pair;
 pub mod pki;
 pub mod proxy;
+pub mod seek;
 
 /// How long a server may take to answer `/admin/ready` after it was started. Generous: a
 /// debug build opening RocksDB on a loaded two-core machine can take seconds.

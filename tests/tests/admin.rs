@@ -442,3 +442,24 @@ fn rate_limit_answers_429_with_retry_after() {
         .send()
         .expect_error_naming(400, "invalid-request", &["eventsPerSecond"]);
 }
+
+/// Goal: seek by time on the embedded log (its time index): see
+/// `unimesh_tests::seek::replay_by_time`. Then the index survives a SIGKILL: after a
+/// restart, "the last hour" still starts every partition at 0.
+#[test]
+fn seek_by_time_replays_what_came_after_a_time_and_the_last_hour() {
+    let mut s = Server::start_default();
+    unimesh_tests::seek::replay_by_time(&s, "by-time", "timed");
+    s.kill9();
+    s.restart();
+    let hour_ago = unimesh_tests::seek::rfc3339(unimesh_tests::seek::now_ms() - 3_600_000);
+    for partition in 0..4 {
+        assert_eq!(
+            unimesh_tests::seek::seek_to_time(&s, "by-time", partition, &hour_ago),
+            0,
+            "after the restart, partition {partition}"
+        );
+    }
+    let back = s.poll_n("by-time", "c", 12, WAIT);
+    assert_eq!(back.len(), 12, "every event again after the restart's seek");
+}

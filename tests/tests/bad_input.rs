@@ -784,6 +784,27 @@ fn bad_query_parameters_and_names_are_400() {
     seek(r#"{"partition":0,"offset":-1}"#).expect_error(400, "invalid-json");
     seek(r#"{"partition":0,"offset":0,"x":1}"#).expect_error_naming(400, "invalid-json", &["x"]);
     seek(r#"{"partition":99,"offset":0}"#).expect_error_naming(400, "invalid-request", &["99"]);
+    // Seek by time: exactly one of offset and time, an RFC 3339 string.
+    seek(r#"{"partition":0,"offset":0,"time":"2024-01-01T00:00:00Z"}"#).expect_error_naming(
+        400,
+        "invalid-json",
+        &["offset", "time"],
+    );
+    seek(r#"{"partition":0,"time":"2024-01-01 00:00"}"#).expect_error_naming(
+        400,
+        "invalid-request",
+        &["time", "RFC 3339"],
+    );
+    seek(r#"{"partition":0,"time":1704067200}"#).expect_error_naming(
+        400,
+        "invalid-json",
+        &["time"],
+    );
+    seek(r#"{"partition":99,"time":"2024-01-01T00:00:00Z"}"#).expect_error_naming(
+        400,
+        "invalid-request",
+        &["99"],
+    );
     assert_eq!(stored(&s), 1);
 }
 

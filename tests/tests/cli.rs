@@ -515,6 +515,69 @@ fn groups_dlq_browse_and_replay_and_seek_drive_the_admin_api() {
     );
     let after = s.poll_n("ops-g", "c", 1, std::time::Duration::from_secs(60));
     assert_eq!(after[0].event_id(), "o1", "delivered again after the seek");
+    s.ack("ops-g", &[&after[0].id]).all_ok(1);
+
+    // "Replay the last hour": by time, every partition of the group (no --partition).
+    let hour_ago = unimesh_tests::seek::rfc3339(unimesh_tests::seek::now_ms() - 3_600_000);
+    let out = client(&s, &["seek", "ops-g", "--time", &hour_ago, "--json"], None);
+    exits(&out, 0, "seek --time");
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let answers = v.as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        answers.len(),
+        4,
+        "one answer per partition of the group: {v}"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|a| a["offset"] == 0 && a["time"] == hour_ago.as_str()),
+        "{v}"
+    );
+    let after = s.poll_n("ops-g", "c", 1, std::time::Duration::from_secs(60));
+    assert_eq!(
+        after[0].event_id(),
+        "o1",
+        "delivered again after the seek by time"
+    );
+    let out = client(
+        &s,
+        &[
+            "seek",
+            "ops-g",
+            "--partition",
+            &partition,
+            "--time",
+            &hour_ago,
+        ],
+        None,
+    );
+    exits(&out, 0, "seek --partition --time");
+    assert_eq!(
+        stdout(&out).trim(),
+        format!(
+            "ops-g: partition {partition} restarts at offset 0 (the first event at or after {hour_ago})"
+        )
+    );
+    for args in [
+        vec!["seek", "ops-g", "--partition", "0"],
+        vec!["seek", "ops-g", "--to", "0"],
+        vec![
+            "seek",
+            "ops-g",
+            "--partition",
+            "0",
+            "--to",
+            "0",
+            "--time",
+            &hour_ago,
+        ],
+    ] {
+        exits(&client(&s, &args, None), 2, &format!("{args:?}"));
+    }
+    let out = client(&s, &["seek", "ops-g", "--time", "an hour ago"], None);
+    exits(&out, 1, "a time the server refuses");
+    assert!(stderr(&out).contains("RFC 3339"), "{}", stderr(&out));
 
     let out = client(&s, &["dlq", "browse", "nope"], None);
     exits(&out, 1, "dlq browse of a group that does not exist");

@@ -453,3 +453,14 @@ fn a_dlq_browse_and_replay_see_every_dead_letter() {
     ids.sort_unstable();
     assert_eq!(ids.len(), 10, "{ids:?}");
 }
+
+/// Goal: seek by time on Kafka, by librdkafka's offsets-for-times against the broker's
+/// record timestamps (the producer's CreateTime, stamped when unimesh produced each event):
+/// see `unimesh_tests::seek::replay_by_time`. On tansu, and on the mock cluster with
+/// `UNIMESH_TEST_BROKER=mock`.
+#[test]
+fn seek_by_time_uses_the_brokers_offsets_for_times() {
+    let broker = Broker::start();
+    let server = Server::start(broker.server_options("one", 2));
+    unimesh_tests::seek::replay_by_time(&server, "by-time", "timed");
+}

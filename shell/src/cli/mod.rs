@@ -47,7 +47,7 @@ pub enum Command {
     /// Publish one event from flags, or many from a file or stdin (one JSON CloudEvent per
     /// line), in batches.
     Publish(publish::PublishArgs),
-    /// Restart one partition of a group at an offset (admin API).
+    /// Restart one partition of a group at an offset, or its partitions at a time (admin API).
     Seek(SeekArgs),
     /// Tail a group over Server-Sent Events, ACKing each delivery as it is printed.
     Subscribe(subscribe::SubscribeArgs),
@@ -141,15 +141,20 @@ pub struct DlqArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("where").required(true).args(["to", "time"])))]
 pub struct SeekArgs {
     /// The subscription group.
     group: String,
-    /// The partition to move.
-    #[arg(long, value_name = "P")]
-    partition: u32,
+    /// The partition to move (with `--time`, when not given: every partition of the group).
+    #[arg(long, value_name = "P", required_unless_present = "time")]
+    partition: Option<u32>,
     /// The offset it restarts at (nothing at or above it counts as done).
     #[arg(long = "to", value_name = "OFFSET")]
-    to: u64,
+    to: Option<u64>,
+    /// Restart at the first event appended at or after this RFC 3339 time
+    /// (`2024-05-17T08:00:00Z`; the last hour: `"$(date -u -d '1 hour ago' +%FT%TZ)"`).
+    #[arg(long, value_name = "RFC3339")]
+    time: Option<String>,
     #[command(flatten)]
     common: Common,
 }

@@ -186,21 +186,70 @@ pub fn dlq_replay(a: &DlqArgs) -> Result<(), Failure> {
 pub fn seek(a: &SeekArgs) -> Result<(), Failure> {
     let client = Client::new(&a.common)?;
     let path = format!("/admin/subscriptions/{}/seek", segment(&a.group));
-    let v = client
-        .post_json(
-            Api::Admin,
-            &path,
-            &json!({"partition": a.partition, "offset": a.to}),
-        )?
-        .ok()?;
-    if a.common.json {
-        return print_json(&v);
+    let partitions = match a.partition {
+        Some(p) => vec![p],
+        // By time without a partition: every partition the group has.
+        None => group_partitions(&client, &a.group)?,
+    };
+    let mut answers = Vec::new();
+    for partition in partitions {
+        let body = match (&a.time, a.to) {
+            (Some(time), _) => json!({"partition": partition, "time": time}),
+            (None, Some(offset)) => json!({"partition": partition, "offset": offset}),
+            (None, None) => {
+                return Err(Failure::Usage("give --to OFFSET or --time RFC3339".into()))
+            }
+        };
+        let v = client.post_json(Api::Admin, &path, &body)?.ok()?;
+        if !a.common.json {
+            let at = a.time.as_ref().map_or_else(String::new, |t| {
+                format!(" (the first event at or after {t})")
+            });
+            if !print_line(&format!(
+                "{}: partition {} restarts at offset {}{at}",
+                a.group,
+                num(&v, "partition"),
+                num(&v, "offset")
+            ))? {
+                return Ok(());
+            }
+        }
+        answers.push(v);
     }
-    print_line(&format!(
-        "{}: partition {} restarts at offset {}",
-        a.group,
-        num(&v, "partition"),
-        num(&v, "offset")
-    ))
-    .map(|_| ())
+    if a.common.json {
+        // One partition named: its answer; every partition: an array of them.
+        return match (a.partition, answers.as_slice()) {
+            (Some(_), [one]) => print_json(one),
+            _ => print_json(&Value::Array(answers)),
+        };
+    }
+    Ok(())
+}
+
+/// The partitions of a group, as `GET /admin/subscriptions` shows them (on Kafka: those
+/// this instance serves).
+fn group_partitions(client: &Client, group: &str) -> Result<Vec<u32>, Failure> {
+    let subs = subscriptions(client)?;
+    let found = subs
+        .iter()
+        .find(|s| s.get("group").and_then(Value::as_str) == Some(group))
+        .ok_or_else(|| Failure::Refused(format!("no subscription group named {group}")))?;
+    let mut partitions: Vec<u32> = found
+        .get("partitions")
+        .and_then(Value::as_array)
+        .map(|rows| {
+            rows.iter()
+                .filter_map(|r| r.get("partition").and_then(Value::as_u64))
+                .filter_map(|p| u32::try_from(p).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    partitions.sort_unstable();
+    partitions.dedup();
+    if partitions.is_empty() {
+        return Err(Failure::Refused(format!(
+            "group {group} reads no partition here yet"
+        )));
+    }
+    Ok(partitions)
 }

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 
+use madsim_tokio as tokio;
+
 use bytes::Bytes;
 use unimesh_core::{
     ClientId, Epoch, GroupName, GroupStats, MeshStats, Offset, Partition, Refusal,
@@ -97,6 +99,9 @@ pub struct SubscriptionInfo {
     /// Dead letters being replayed into the group now.
     pub replaying: usize,
     pub stats: GroupStats,
+    /// How many durable writes changed the group's DLQ since the process started (a
+    /// browse made before the last one may differ now).
+    pub dlq_changes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +147,9 @@ pub struct PublishResult {
 pub struct Shared {
     pub ready: AtomicBool,
     pub healthy: AtomicBool,
+    /// Notified when what the views show may have changed (an input of the core, a
+    /// publish, a rate rule): the console's feed waits on it.
+    pub changed: tokio::sync::Notify,
 }
 
 /// A topic the log would not create: over its limit (the caller's doing) or a storage fault.

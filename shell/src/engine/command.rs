@@ -67,11 +67,15 @@ pub(crate) enum Command {
         records: Vec<(Partition, Record)>,
         reply: Reply<usize>,
     },
+    /// Answers the offset the lane restarts at: `offset`, or with `clamp` the nearest
+    /// offset the log holds (an offset resolved from a time, which retention may have
+    /// passed meanwhile); without `clamp` an offset outside the log is refused.
     Seek {
         group: GroupName,
         partition: Partition,
         offset: Offset,
-        reply: Reply<()>,
+        clamp: bool,
+        reply: Reply<Offset>,
     },
     Metrics {
         reply: Reply<MetricsSnapshot>,

@@ -126,6 +126,8 @@ impl EngineHandle {
                 AppendError::Invalid(m) => EngineError::BadRequest(m),
                 AppendError::Unavailable(m) => EngineError::Unavailable(m),
             })?;
+        // The end offsets (lag) moved.
+        self.shared.changed.notify_one();
         Ok(ids
             .into_iter()
             .zip(placed)
@@ -297,7 +299,8 @@ impl EngineHandle {
         started
     }
 
-    /// Operator rewind (or skip) of one partition of a group; answers once durable.
+    /// Operator rewind (or skip) of one partition of a group; answers once durable. An
+    /// offset outside what the log holds is refused.
     pub async fn seek(
         &self,
         group: &GroupName,
@@ -309,6 +312,36 @@ impl EngineHandle {
             group,
             partition,
             offset,
+            clamp: false,
+            reply,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Seek by time: one partition of a group restarts at the first offset appended (on
+    /// Kafka: timestamped) at or after `time_ms` (ms since the Unix epoch) — the earliest
+    /// offset for a time before every record, the end for one after them all. The log
+    /// resolves the time; the core's `Seek` takes the offset. Answers the offset, once
+    /// durable.
+    pub async fn seek_to_time(
+        &self,
+        group: &GroupName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> Result<Offset, EngineError> {
+        let topic = self.subscription(group).await?.spec.topic;
+        let offset = self
+            .log
+            .offset_for_time(topic, partition, time_ms)
+            .await
+            .map_err(super::api::topic_error)?;
+        let group = group.clone();
+        self.ask(|reply| Command::Seek {
+            group,
+            partition,
+            offset,
+            clamp: true,
             reply,
         })
         .await
@@ -336,7 +369,24 @@ impl EngineHandle {
         let mut limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
         limiter
             .set_rule(now, topic.clone(), rule)
-            .map_err(|e| EngineError::BadRequest(e.to_string()))
+            .map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        self.shared.changed.notify_one();
+        Ok(())
+    }
+
+    /// Every topic's publish rate rule, by topic.
+    pub fn rate_rules(&self) -> Vec<(TopicName, RateRule)> {
+        let limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rules: Vec<(TopicName, RateRule)> =
+            limiter.rules().map(|(t, r)| (t.clone(), r)).collect();
+        rules.sort_by(|a, b| a.0.cmp(&b.0));
+        rules
+    }
+
+    /// Waits until what the views show may have changed since the last call returned (a
+    /// change in between is not lost: it returns at once). One waiter: the console's feed.
+    pub async fn changed(&self) {
+        self.shared.changed.notified().await;
     }
 
     /// The groups that push to a webhook. Cheap (definitions only, no progress views), so

@@ -196,6 +196,25 @@ pub trait LogPort: Send + Sync + 'static {
     /// (earliest, end) of a partition.
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String>;
 
+    /// The first offset of a partition whose record was appended at or after `time_ms` (ms
+    /// since the Unix epoch; on Kafka the record's timestamp, as offsets-for-times reads
+    /// it): the earliest offset for a time before every record, the end for one after them
+    /// all. `Invalid` for a topic or partition the log does not have, `Unavailable` when
+    /// storage failed. Answered off the engine task (a few reads, or a broker round trip).
+    /// A log that keeps no append times (the simulation's) refuses it.
+    fn offset_for_time(
+        &self,
+        topic: TopicName,
+        _partition: Partition,
+        _time_ms: u64,
+    ) -> BoxFut<Result<Offset, AppendError>> {
+        Box::pin(async move {
+            Err(AppendError::Invalid(format!(
+                "the log of topic {topic} keeps no append times: seek by offset"
+            )))
+        })
+    }
+
     /// Applies retention; returns how many partitions moved their earliest offset.
     /// Applies retention as of the log's own clock (the one that stamped its records).
     fn enforce_retention(&self) -> Result<usize, String>;
@@ -393,6 +412,23 @@ impl LogPort for EmbeddedLog {
         self.topic(topic).map(|t| t.partitions)
     }
 
+    fn offset_for_time(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> BoxFut<Result<Offset, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            // A few RocksDB point reads: the blocking pool's.
+            super::spawn_blocking(move || {
+                EmbeddedLog::offset_for_time(&log, &topic, partition, time_ms).map_err(append_error)
+            })
+            .await
+            .unwrap_or_else(|e| Err(AppendError::Unavailable(format!("lookup task failed: {e}"))))
+        })
+    }
+
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
         EmbeddedLog::offsets(self, topic, partition).map_err(|e| e.to_string())
     }
@@ -483,6 +519,8 @@ impl StatePort for StoreAdapter {
 #[derive(Default)]
 struct MemTopic {
     partitions: Vec<Vec<Bytes>>,
+    /// Each record's append time (wall clock ms), kept non-decreasing per partition.
+    times: Vec<Vec<u64>>,
     earliest: Vec<Offset>,
 }
 
@@ -513,6 +551,7 @@ impl MemoryLog {
         let n = self.default_partitions;
         let t = topics.entry(topic.clone()).or_insert_with(|| MemTopic {
             partitions: vec![Vec::new(); n as usize],
+            times: vec![Vec::new(); n as usize],
             earliest: vec![0; n as usize],
         });
         t.partitions.len() as u32
@@ -600,6 +639,9 @@ impl LogPort for Arc<MemoryLog> {
                     let part = &mut t.partitions[p as usize];
                     out.push((p, part.len() as Offset));
                     part.push(item.value);
+                    let times = &mut t.times[p as usize];
+                    let last = times.last().copied().unwrap_or(0);
+                    times.push(crate::log::WallClock::now_ms(&crate::log::SystemClock).max(last));
                 }
             }
             log.notify.notify_waiters();
@@ -621,6 +663,31 @@ impl LogPort for Arc<MemoryLog> {
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
         let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
         topics.get(topic).map(|t| t.partitions.len() as u32)
+    }
+
+    fn offset_for_time(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> BoxFut<Result<Offset, AppendError>> {
+        let found = {
+            let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+            match topics.get(&topic) {
+                None => Err(AppendError::Invalid(format!("unknown topic {topic}"))),
+                Some(t) => match t.times.get(partition as usize) {
+                    None => Err(AppendError::Invalid(format!(
+                        "topic {topic} has no partition {partition}"
+                    ))),
+                    Some(times) => {
+                        let earliest = t.earliest[partition as usize];
+                        let first = times.partition_point(|&ms| ms < time_ms) as Offset;
+                        Ok(first.max(earliest))
+                    }
+                },
+            }
+        };
+        Box::pin(async move { found })
     }
 
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {

@@ -375,6 +375,60 @@ async fn a_seek_outside_the_log_is_refused_and_changes_nothing() {
     rig.handle.seek(&g("g"), p, 1).await.unwrap();
 }
 
+/// Goal: a seek by time restarts the partition at the first record appended at or after
+/// the time (the log resolves it; the core's seek takes the offset), at the earliest before
+/// every record and at the end after them all, and answers the offset; a partition the
+/// topic lacks is refused. Method: one partition, three records, a time taken between the
+/// second and the third (5 ms clear of both on the wall clock), the first two ACKed.
+#[tokio::test]
+async fn a_seek_by_time_restarts_at_the_first_record_at_or_after_the_time() {
+    let log = Arc::new(MemoryLog::new(1));
+    let rig = boot(log, MemoryDisk::new()).await;
+    ready(&rig).await;
+    rig.handle.subscribe(spec("g", "t")).await.unwrap();
+    rig.handle.publish(&t("t"), events(2, None)).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let between = crate::log::WallClock::now_ms(&crate::log::SystemClock);
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
+    let got = take(&rig, "g", "c", 3).await;
+    let ids: Vec<_> = got.iter().map(|d| d.id).collect();
+    rig.handle
+        .settle(&g("g"), Settling::Ack, ids)
+        .await
+        .unwrap();
+
+    assert_eq!(rig.handle.seek_to_time(&g("g"), 0, between).await, Ok(2));
+    let again = take(&rig, "g", "c", 1).await;
+    assert_eq!(
+        again.iter().map(|d| d.id.offset).collect::<Vec<_>>(),
+        [2],
+        "the third record comes again, the first two stay done"
+    );
+    rig.handle
+        .settle(&g("g"), Settling::Ack, vec![again[0].id])
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.handle.seek_to_time(&g("g"), 0, 0).await,
+        Ok(0),
+        "before all: the earliest"
+    );
+    assert_eq!(take(&rig, "g", "c", 3).await.len(), 3, "everything again");
+    assert_eq!(
+        rig.handle.seek_to_time(&g("g"), 0, u64::MAX).await,
+        Ok(3),
+        "after all: the end"
+    );
+    let r = rig.handle.seek_to_time(&g("g"), 5, between).await;
+    assert!(
+        matches!(r, Err(EngineError::BadRequest(ref m)) if m.contains("no partition 5")),
+        "{r:?}"
+    );
+    let r = rig.handle.seek_to_time(&g("nope"), 0, between).await;
+    assert!(matches!(r, Err(EngineError::UnknownGroup(_))), "{r:?}");
+}
+
 // ----- stream sessions (SSE, WebSocket, webhook share them) -----
 
 /// A group whose ACK timeout is far beyond any test's patience: a delivery that comes

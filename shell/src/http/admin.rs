@@ -20,7 +20,7 @@ use super::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use super::schema::DeliveredEvent;
 use super::traffic::SubscriptionView;
 use super::App;
-use crate::engine::{DlqItem, OffsetRow};
+use crate::engine::{ClientInfo, DlqItem, OffsetRow};
 use crate::event::delivery_event_json;
 
 /// Prometheus metrics (OpenMetrics text).
@@ -138,13 +138,25 @@ pub(super) async fn subscriptions(
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct ClientView {
+pub(super) struct ClientView {
     group: String,
     client: String,
     /// Deliveries it asked for and has not received yet.
     credit: u32,
     in_flight: u32,
     last_active_ms: u64,
+}
+
+impl ClientView {
+    pub(super) fn new(c: &ClientInfo) -> Self {
+        Self {
+            group: c.group.as_str().to_owned(),
+            client: c.id.as_str().to_owned(),
+            credit: c.credit,
+            in_flight: c.in_flight,
+            last_active_ms: c.last_active_ms,
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -170,16 +182,7 @@ pub(super) async fn clients(
 ) -> Result<Json<ClientsAnswer>, ApiError> {
     let clients = app.engine.clients().await?;
     Ok(Json(ClientsAnswer {
-        clients: clients
-            .into_iter()
-            .map(|c| ClientView {
-                group: c.group.as_str().to_owned(),
-                client: c.id.as_str().to_owned(),
-                credit: c.credit,
-                in_flight: c.in_flight,
-                last_active_ms: c.last_active_ms,
-            })
-            .collect(),
+        clients: clients.iter().map(ClientView::new).collect(),
     }))
 }
 
@@ -359,6 +362,47 @@ pub(super) struct RateLimitBody {
     burst: u64,
 }
 
+impl RateLimitBody {
+    pub(super) fn new(topic: &TopicName, rule: RateRule) -> Self {
+        Self {
+            topic: topic.as_str().to_owned(),
+            events_per_second: rule.events_per_second,
+            burst: rule.burst,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct RateLimitsAnswer {
+    /// By topic.
+    rules: Vec<RateLimitBody>,
+}
+
+/// Every topic's publish rate limit.
+#[utoipa::path(
+    get,
+    path = "/admin/ratelimit",
+    tag = "operate",
+    operation_id = "rateLimits",
+    responses(
+        (status = 200, description = "Every rule, by topic.", body = RateLimitsAnswer),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn rate_limits(
+    State(app): State<Arc<App>>,
+    _: Params<NoParams>,
+) -> Json<RateLimitsAnswer> {
+    Json(RateLimitsAnswer {
+        rules: app
+            .engine
+            .rate_rules()
+            .iter()
+            .map(|(topic, rule)| RateLimitBody::new(topic, *rule))
+            .collect(),
+    })
+}
+
 /// Set a topic's publish rate limit, durably.
 #[utoipa::path(
     put,
@@ -389,37 +433,102 @@ pub(super) async fn rate_limit(
     Ok(Json(b))
 }
 
-#[derive(Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+/// A seek's body as read: its members' types are checked by [`SeekBody::checked`], which
+/// names the member at fault (serde's type errors name none).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct SeekBody {
+    partition: serde_json::Value,
+    #[serde(default)]
+    offset: Option<serde_json::Value>,
+    #[serde(default)]
+    time: Option<serde_json::Value>,
+}
+
+impl SeekBody {
+    /// (partition, offset, time), each of its type.
+    fn checked(self) -> Result<(u32, Option<u64>, Option<String>), ApiError> {
+        let wrong = |what: &str| {
+            ApiError::invalid_json(format!("the request body is not accepted: {what}"))
+        };
+        let partition = self
+            .partition
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or_else(|| wrong("\"partition\" must be an integer from 0 to 4294967295"))?;
+        let offset = match self.offset {
+            None => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                wrong("\"offset\" must be an integer from 0 to 18446744073709551615")
+            })?),
+        };
+        let time = match self.time {
+            None => None,
+            Some(serde_json::Value::String(t)) => Some(t),
+            Some(_) => return Err(wrong("\"time\" must be a string (an RFC 3339 time)")),
+        };
+        Ok((partition, offset, time))
+    }
+}
+
+/// Where a seek goes: an offset, or the first record appended at or after a time.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // Documents the body; the handler reads `SeekBody`.
+pub(super) enum SeekRequest {
+    Offset(SeekToOffset),
+    Time(SeekToTime),
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(super) struct SeekToOffset {
     partition: u32,
+    /// The offset the partition restarts at: from `earliest` to `end` of what the log holds.
     offset: u64,
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(super) struct SeekToTime {
+    partition: u32,
+    /// An RFC 3339 time: the partition restarts at the first record appended at or after
+    /// it (on Kafka: the first whose timestamp is), at the earliest record for a time
+    /// before every record, at the end for one after them all.
+    #[schema(format = DateTime)]
+    time: String,
 }
 
 #[derive(Serialize, ToSchema)]
 pub(super) struct SeekAnswer {
     group: String,
     partition: u32,
+    /// Where the partition restarts.
     offset: u64,
+    /// The time asked for, when the seek was by time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time: Option<String>,
 }
 
-/// Operator rewind (or skip) of one partition of a group: it restarts at `offset` with
-/// nothing done above it.
+/// Operator rewind (or skip) of one partition of a group: it restarts at `offset`, or at
+/// the first record appended at or after `time`, with nothing done from there on.
 #[utoipa::path(
     post,
     path = "/admin/subscriptions/{group}/seek",
     tag = "operate",
     operation_id = "seek",
     params(("group" = String, Path, description = "The group.", pattern = r"^[A-Za-z0-9._-]{1,200}$")),
-    request_body(content = SeekBody, content_type = "application/json"),
+    request_body(content = SeekRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "Done, durably.", body = SeekAnswer),
-        (status = 400, description = "Invalid JSON or name, a partition the group does not have, or an offset outside what the log holds.", body = ErrorBody),
+        (status = 400, description = "Invalid JSON or name, both or neither of `offset` and `time`, a `time` that is not RFC 3339, a partition the group does not have, or an offset outside what the log holds.", body = ErrorBody),
         (status = 404, description = "No such group.", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout.", body = ErrorBody),
         (status = 413, description = "The body is over `limits.max_json_bytes`.", body = ErrorBody),
         (status = 415, description = "Not a JSON content type.", body = ErrorBody),
-        (status = 503, description = "The state store cannot take writes now.", body = ErrorBody),
+        (status = 503, description = "The state store or the broker cannot answer now.", body = ErrorBody),
     ),
 )]
 pub(super) async fn seek(
@@ -428,12 +537,48 @@ pub(super) async fn seek(
     _: Params<NoParams>,
     JsonBody(b): JsonBody<SeekBody>,
 ) -> Result<Json<SeekAnswer>, ApiError> {
-    app.engine.seek(&group, b.partition, b.offset).await?;
+    let (partition, offset, time) = b.checked()?;
+    let offset = match (offset, &time) {
+        (Some(offset), None) => {
+            app.engine.seek(&group, partition, offset).await?;
+            offset
+        }
+        (None, Some(time)) => {
+            let ms = time_ms(time)?;
+            app.engine.seek_to_time(&group, partition, ms).await?
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid_json(
+                "the request body is not accepted: give \"offset\" or \"time\", not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::invalid_json(
+                "the request body is not accepted: it needs \"offset\" (an offset) or \
+                 \"time\" (an RFC 3339 time)",
+            ))
+        }
+    };
     Ok(Json(SeekAnswer {
         group: group.as_str().to_owned(),
-        partition: b.partition,
-        offset: b.offset,
+        partition,
+        offset,
+        time,
     }))
+}
+
+/// An RFC 3339 time as milliseconds since the Unix epoch; a time before 1970 is 0 (before
+/// every record).
+fn time_ms(text: &str) -> Result<u64, ApiError> {
+    let t = chrono::DateTime::parse_from_rfc3339(text).map_err(|e| {
+        ApiError::bad_request(
+            code::INVALID_REQUEST,
+            format!(
+                "\"time\" is not an RFC 3339 time such as 2024-05-17T08:30:00Z ({e}): {text:?}"
+            ),
+        )
+    })?;
+    Ok(u64::try_from(t.timestamp_millis()).unwrap_or(0))
 }
 
 /// One (group, partition) with its four offsets.

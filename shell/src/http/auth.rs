@@ -3,9 +3,9 @@
 //! request changes nothing.
 //!
 //! - The caller names itself with `Authorization: Bearer <token>`; on the two stream routes
-//!   (SSE, WebSocket), whose browser clients cannot set headers, also with the
-//!   `access_token` query parameter. The token's SHA-256 is compared with every
-//!   identity's in constant time. The token is never logged (the request log has the
+//!   (SSE, WebSocket) and the console's feed (`/admin/events`), whose browser clients
+//!   cannot set headers, also with the `access_token` query parameter. The token's SHA-256
+//!   is compared with every identity's in constant time. The token is never logged (the request log has the
 //!   path only).
 //! - 401 with `WWW-Authenticate: Bearer` for a missing or unknown token; 403 naming the
 //!   identity, the right and the name refused. Both in the API's error shape, both logged
@@ -13,8 +13,9 @@
 //! - Rights by route: publish (topic) for publish and request/reply; consume (group) for
 //!   poll, SSE, WebSocket, ACK, NACK, extend; define (group) for `PUT`/`DELETE` of a
 //!   subscription; consume or define for its `GET`; `admin` for the admin listener, whose
-//!   `/admin/health`, `/admin/ready` and `/metrics` stay open with `auth.open_health`; any
-//!   identity for the rest (the OpenAPI document, unknown routes).
+//!   `/admin/health`, `/admin/ready` and `/metrics` stay open with `auth.open_health`, and
+//!   the console's own files (`/ui`) always (they hold no data); any identity for the rest
+//!   (the OpenAPI document, unknown routes).
 //!
 //! - Whoever the caller proves to be — a static token, a JWT (`http::jwt`, with
 //!   `[auth.jwt]`) whose identity claim names it, or a verified client certificate whose
@@ -54,11 +55,19 @@ pub struct PeerIdentity(pub String);
 /// The query parameter carrying a token on the stream routes.
 pub const ACCESS_TOKEN_PARAM: &str = "access_token";
 
-/// The routes on which [`ACCESS_TOKEN_PARAM`] is read.
-const STREAM_ROUTES: [&str; 2] = [
+/// The routes on which [`ACCESS_TOKEN_PARAM`] is read: the traffic listener's delivery
+/// streams and the admin listener's console feed (all opened by browsers' `EventSource` or
+/// `WebSocket`, which cannot send headers).
+const STREAM_ROUTES: [&str; 3] = [
     "/v1/subscriptions/{group}/stream",
     "/v1/subscriptions/{group}/ws",
+    "/admin/events",
 ];
+
+/// The web console's own files (`http::ui`): a page and its script and style, the same for
+/// everyone (they hold no data; every view and lever they use is an admin route, which
+/// needs the admin right), so a browser can load them before it has a token to send.
+const CONSOLE_PAGES: [&str; 3] = ["/ui", "/ui/", "/ui/{asset}"];
 
 /// The identities, ready for checking.
 pub struct Gate {
@@ -282,6 +291,7 @@ impl Gate {
                 Some("/admin/health" | "/admin/ready" | "/metrics") if self.open_health => {
                     Need::Open
                 }
+                Some(r) if CONSOLE_PAGES.contains(&r) => Need::Open,
                 _ => Need::Admin,
             },
             Listener::Traffic => match route {
@@ -654,6 +664,23 @@ mod tests {
                 &p("group", "b")
             ),
             Need::Admin
+        );
+        for page in ["/ui", "/ui/", "/ui/{asset}"] {
+            assert_eq!(
+                g.need(Listener::Admin, &Method::GET, Some(page), &[]),
+                Need::Open,
+                "{page}"
+            );
+        }
+        assert_eq!(
+            g.need(Listener::Admin, &Method::GET, Some("/admin/events"), &[]),
+            Need::Admin,
+            "the feed carries the data: admin"
+        );
+        assert_eq!(
+            g.need(Listener::Traffic, &Method::GET, Some("/ui"), &[]),
+            Need::Identity,
+            "no console on the traffic listener"
         );
     }
 }

@@ -164,14 +164,15 @@ fn security(doc: &mut Value, listener: Listener, auth: Option<&crate::config::Au
             "description": "A static token of an [auth.identities.NAME] (its SHA-256 in the configuration)."
         }
     });
-    if listener == Listener::Traffic {
-        schemes["accessToken"] = json!({
-            "type": "apiKey",
-            "in": "query",
-            "name": super::auth::ACCESS_TOKEN_PARAM,
-            "description": "The same token, on the SSE and WebSocket routes only (a browser's EventSource and WebSocket cannot send headers)."
-        });
-    }
+    schemes["accessToken"] = json!({
+        "type": "apiKey",
+        "in": "query",
+        "name": super::auth::ACCESS_TOKEN_PARAM,
+        "description": match listener {
+            Listener::Traffic => "The same token, on the SSE and WebSocket routes only (a browser's EventSource and WebSocket cannot send headers).",
+            Listener::Admin => "The same token, on the console's feed only (a browser's EventSource cannot send headers).",
+        }
+    });
     if let Some(components) = doc.get_mut("components").and_then(Value::as_object_mut) {
         components.insert("securitySchemes".to_owned(), schemes);
     }
@@ -188,7 +189,7 @@ fn security(doc: &mut Value, listener: Listener, auth: Option<&crate::config::Au
         let Some(item) = item.as_object_mut() else {
             continue;
         };
-        let stream = path.ends_with("/stream") || path.ends_with("/ws");
+        let stream = path.ends_with("/stream") || path.ends_with("/ws") || path == "/admin/events";
         let open =
             open_health && matches!(path.as_str(), "/admin/health" | "/admin/ready" | "/metrics");
         for op in item.values_mut().filter_map(Value::as_object_mut) {

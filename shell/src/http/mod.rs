@@ -14,6 +14,7 @@
 mod admin;
 pub mod auth;
 mod body;
+pub mod console;
 pub mod cors;
 mod document;
 pub mod error;
@@ -32,6 +33,7 @@ pub mod target;
 #[cfg(not(madsim))]
 pub mod tls;
 mod traffic;
+mod ui;
 
 #[cfg(test)]
 mod tests;
@@ -71,6 +73,8 @@ pub struct App {
     pub streams: Arc<Semaphore>,
     /// Request/reply requests waiting for their replies.
     pub replies: reply::Replies,
+    /// The web console's live feed (`/admin/events`).
+    pub console: console::Console,
 }
 
 impl App {
@@ -94,6 +98,7 @@ impl App {
             ),
             streams: Arc::new(Semaphore::new(config.server.max_streams)),
             replies: reply::Replies::new(config.limits.max_pending_requests),
+            console: console::Console::new(config.server.console_interval_ms),
         }
     }
 

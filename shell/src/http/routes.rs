@@ -4,7 +4,8 @@
 //! Every path is registered through [`on`], which merges the handlers of one path, keeps
 //! the order they are listed in for the `Allow` header, and gives the path a 405 answer in
 //! the API's error shape. Requests that match no path get a 404 in that shape. Inside,
-//! the auth gate (`auth`) and, on the traffic listener, CORS (`cors`). One
+//! the auth gate (`auth`) and, on the traffic listener, CORS (`cors`). The admin listener
+//! also serves the web console's page and files (`ui`), outside its OpenAPI document. One
 //! middleware around each router times every request (the `route` label is the matched
 //! template, so label values stay bounded), logs refusals, and takes `Connection: close`
 //! off HTTP/2 answers.
@@ -15,7 +16,7 @@ use std::time::Instant;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::MethodRouter;
+use axum::routing::{get, MethodRouter};
 use axum::Router;
 use http::header::CONNECTION;
 use http::{Method, Uri, Version};
@@ -25,7 +26,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Logged};
-use super::{admin, document, reply, streams, traffic, App};
+use super::{admin, console, document, reply, streams, traffic, ui, App};
 
 /// Which listener a request came in on. Admin routes are not served on the traffic listener
 /// (and the reverse), so the admin port can stay private.
@@ -73,7 +74,11 @@ fn admin_api() -> OpenApiRouter<Arc<App>> {
     let api = on(api, vec![routes!(admin::offsets)]);
     let api = on(api, vec![routes!(admin::dlq_browse)]);
     let api = on(api, vec![routes!(admin::dlq_replay)]);
-    let api = on(api, vec![routes!(admin::rate_limit)]);
+    let api = on(
+        api,
+        vec![routes!(admin::rate_limits), routes!(admin::rate_limit)],
+    );
+    let api = on(api, vec![routes!(console::events)]);
     on(api, vec![routes!(document::admin_openapi)])
 }
 
@@ -90,9 +95,26 @@ pub fn openapi(listener: Listener) -> OpenApi {
     api(listener).into_openapi()
 }
 
+/// The web console's page and files (`ui`): served by the admin listener beside its API,
+/// not part of its OpenAPI document (they are a page, not an API).
+fn console_pages() -> Router<Arc<App>> {
+    let get_only = |m: MethodRouter<Arc<App>>| {
+        m.fallback(|method: Method, uri: Uri| async move {
+            ApiError::method_not_allowed(&method, uri.path(), &[Method::GET])
+        })
+    };
+    Router::new()
+        .route("/ui", get_only(get(ui::index)))
+        .route("/ui/", get_only(get(ui::index)))
+        .route("/ui/{asset}", get_only(get(ui::asset)))
+}
+
 /// The router of one listener, with its 404, its middleware and the app as state.
 pub fn router(listener: Listener, app: Arc<App>) -> Router {
-    let (router, _) = api(listener).split_for_parts();
+    let (mut router, _) = api(listener).split_for_parts();
+    if listener == Listener::Admin {
+        router = router.merge(console_pages());
+    }
     let mut router = router
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(

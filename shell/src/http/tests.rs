@@ -35,6 +35,11 @@ async fn rig() -> Rig {
 }
 
 async fn rig_with(config: Config) -> Rig {
+    rig_built(config, |_| {}).await
+}
+
+/// A rig whose app `build` may change before it serves.
+async fn rig_built(config: Config, build: impl FnOnce(&mut App)) -> Rig {
     let mut ecfg = EngineConfig {
         mesh: config.mesh_config(),
         fetch_wait_ms: 50,
@@ -56,10 +61,21 @@ async fn rig_with(config: Config) -> Rig {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(handle.is_ready(), "engine never became ready");
+    let mut app = App::new(handle, &config);
+    build(&mut app);
     Rig {
-        app: Arc::new(App::new(handle, &config)),
+        app: Arc::new(app),
         log,
     }
+}
+
+/// A rig whose console feed builds snapshots only when told of a change (no refresh while
+/// idle within a test), every 50 ms at most.
+async fn console_rig() -> Rig {
+    rig_built(test_config(), |app| {
+        app.console = console::Console::new(50).with_idle_refresh(Duration::from_secs(3_600));
+    })
+    .await
 }
 
 struct Answer {
@@ -107,11 +123,44 @@ impl Rig {
             .await
             .unwrap_or_else(|e| match e {});
         let (parts, body) = res.into_parts();
-        let body = body.collect().await.expect("infallible").to_bytes();
+        let streaming = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let body = if streaming {
+            // A stream never ends: its first event is the answer here.
+            let mut feed = Feed {
+                body,
+                text: String::new(),
+                ended: false,
+            };
+            Bytes::from(feed.next_event().await.unwrap_or_default())
+        } else {
+            body.collect().await.expect("infallible").to_bytes()
+        };
         Answer {
             status: parts.status,
             headers: parts.headers,
             body,
+        }
+    }
+
+    /// Opens the console's feed (`/admin/events`).
+    async fn feed(&self, headers: &[(&str, &str)]) -> Feed {
+        let mut req = Request::builder().method(Method::GET).uri("/admin/events");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::new())).expect("request");
+        let res = router(Listener::Admin, self.app.clone())
+            .oneshot(req)
+            .await
+            .unwrap_or_else(|e| match e {});
+        assert_eq!(res.status(), StatusCode::OK);
+        Feed {
+            body: res.into_body(),
+            text: String::new(),
+            ended: false,
         }
     }
 
@@ -194,6 +243,63 @@ impl Rig {
             body,
         )
         .await
+    }
+}
+
+/// An open Server-Sent Events body, read event by event.
+struct Feed {
+    body: axum::body::Body,
+    text: String,
+    /// The stream ended (rather than being quiet).
+    ended: bool,
+}
+
+impl Feed {
+    /// The next event's `data` (events without data, such as `retry:`, are skipped);
+    /// `None` when the stream ends or nothing comes within 10 s.
+    async fn next_event(&mut self) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            while let Some(end) = self.text.find("\n\n") {
+                let block: String = self.text.drain(..end + 2).collect();
+                let data: Vec<&str> = block
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect();
+                if !data.is_empty() {
+                    return Some(data.join("\n"));
+                }
+            }
+            let Some(frame) = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .ok()?
+            else {
+                self.ended = true;
+                return None;
+            };
+            let frame = frame.ok()?;
+            if let Ok(bytes) = frame.into_data() {
+                self.text.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
+
+    /// The next snapshot, as JSON.
+    async fn snapshot(&mut self) -> Value {
+        let data = self.next_event().await.expect("a snapshot within 10 s");
+        serde_json::from_str(&data).expect("a snapshot is JSON")
+    }
+
+    /// Snapshots until one satisfies `want` (at most 20).
+    async fn until(&mut self, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..20 {
+            let s = self.snapshot().await;
+            if want(&s) {
+                return s;
+            }
+        }
+        panic!("no snapshot showed {what}");
     }
 }
 
@@ -858,6 +964,11 @@ async fn admin_views_and_levers() {
     assert_eq!(rows.len(), 2);
     let end: u64 = rows.iter().map(|r| r["end"].as_u64().expect("end")).sum();
     assert_eq!(end, 2);
+    let p0_end = rows
+        .iter()
+        .find(|r| r["partition"] == 0)
+        .and_then(|r| r["end"].as_u64())
+        .expect("partition 0");
     let a = rig.admin(Method::GET, "/admin/offsets", Value::Null).await;
     a.error(400, "invalid-query", "topic is required");
 
@@ -911,7 +1022,58 @@ async fn admin_views_and_levers() {
             json!({"partition": 0}),
         )
         .await;
-    a.error(400, "invalid-json", "offset");
+    a.error(400, "invalid-json", "\"offset\"");
+    let (request, json_) = ("invalid-request", "invalid-json");
+    for (body, code, needle) in [
+        (
+            json!({"partition": 0, "offset": 0, "time": "2024-01-01T00:00:00Z"}),
+            json_,
+            "not both",
+        ),
+        (
+            json!({"partition": 0, "time": "yesterday"}),
+            request,
+            "\"time\" is not an RFC 3339",
+        ),
+        (
+            json!({"partition": 0, "time": "2024-01-01T00:00:00"}),
+            request,
+            "\"time\"",
+        ),
+        (json!({"partition": 0, "time": 5}), json_, "\"time\""),
+        (json!({"partition": 0, "offset": "0"}), json_, "\"offset\""),
+        (
+            json!({"partition": -1, "offset": 0}),
+            json_,
+            "\"partition\"",
+        ),
+        (json!({"partition": 0, "offset": 0, "at": 1}), json_, "at"),
+    ] {
+        let a = rig
+            .admin(Method::POST, "/admin/subscriptions/g/seek", body.clone())
+            .await;
+        a.error(400, code, needle);
+    }
+    // Before every record (and before 1970): the earliest; far after: the end. Lowercase
+    // `t`/`z` and an offset are RFC 3339 too.
+    for (time, offset) in [
+        ("1969-12-31T23:59:59Z", 0),
+        ("2000-01-01t00:00:00.5z", 0),
+        ("9999-12-31T23:59:59+01:00", p0_end),
+    ] {
+        let a = rig
+            .admin(
+                Method::POST,
+                "/admin/subscriptions/g/seek",
+                json!({"partition": 0, "time": time}),
+            )
+            .await;
+        assert_eq!(
+            a.json(),
+            json!({"group": "g", "partition": 0, "offset": offset, "time": time}),
+            "{time}"
+        );
+    }
 
     let a = rig
         .admin(Method::POST, "/admin/clients/c/evict", Value::Null)
@@ -1133,4 +1295,249 @@ async fn listeners_serve_and_shut_down() {
         tokio::net::TcpStream::connect(traffic).await.is_err(),
         "the listener is closed"
     );
+}
+
+// ----- the web console -----
+
+fn group<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
+    snapshot["groups"]
+        .as_array()
+        .and_then(|gs| gs.iter().find(|g| g["group"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+/// Goal: the console's feed sends the current snapshot at once, then a new one when
+/// something changes — a publish moves the lag, a NACK past the last attempt writes a dead
+/// letter (the DLQ change count moves), a rate rule, a client — and nothing while nothing
+/// changes. Method: one watcher over the in-process admin router, a feed that refreshes only
+/// when told of a change; each step waits for the snapshot that shows it.
+#[tokio::test]
+async fn the_console_feed_sends_a_snapshot_when_something_changed() {
+    let rig = console_rig().await;
+    let a = rig
+        .subscribe(
+            "g",
+            json!({"topic": "t", "maxAttempts": 1, "startFrom": "earliest"}),
+        )
+        .await;
+    assert!(a.status.is_success(), "{}", a.json());
+    let mut feed = rig.feed(&[]).await;
+    let first = feed.snapshot().await;
+    assert_eq!(first["health"], json!({"ok": true}), "{first}");
+    assert_eq!(group(&first, "g")["lag"], 0, "{first}");
+    assert_eq!(group(&first, "g")["dlqChanges"], 0, "{first}");
+    assert_eq!(first["rateLimits"], json!([]), "{first}");
+
+    rig.publish_structured("t", "e1").await;
+    let s = feed
+        .until("the lag of the publish", |s| group(s, "g")["lag"] == 1)
+        .await;
+    assert_eq!(
+        group(&s, "g")["partitions"].as_array().map(Vec::len),
+        Some(2),
+        "{s}"
+    );
+
+    let got = rig.take("g", "c", 1).await;
+    let s = feed
+        .until("client c with one in flight", |s| {
+            s["clients"] == json!([{"group": "g", "client": "c", "credit": 0, "inFlight": 1, "lastActiveMs": s["clients"][0]["lastActiveMs"]}])
+        })
+        .await;
+    assert_eq!(group(&s, "g")["inFlight"], 1, "{s}");
+    rig.settle("g", "nack", json!({"deliveryIds": ids(&got)}))
+        .await;
+    let s = feed
+        .until("the dead letter written", |s| {
+            group(s, "g")["dlqChanges"] == 1
+        })
+        .await;
+    assert_eq!(group(&s, "g")["stats"]["deadLettered"], 1, "{s}");
+
+    let a = rig
+        .admin(
+            Method::PUT,
+            "/admin/ratelimit",
+            json!({"topic": "t", "eventsPerSecond": 5, "burst": 7}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    feed.until("the rate rule", |s| {
+        s["rateLimits"] == json!([{"topic": "t", "eventsPerSecond": 5, "burst": 7}])
+    })
+    .await;
+    let a = rig
+        .admin(Method::GET, "/admin/ratelimit", Value::Null)
+        .await;
+    assert_eq!(
+        a.json(),
+        json!({"rules": [{"topic": "t", "eventsPerSecond": 5, "burst": 7}]})
+    );
+
+    // Nothing changes: nothing is sent (heartbeats are comments, not events).
+    let quiet = tokio::time::timeout(Duration::from_millis(600), feed.next_event()).await;
+    assert!(quiet.is_err(), "a snapshot with nothing changed: {quiet:?}");
+}
+
+/// Goal: a slow watcher gets the newest snapshot, never a queue of old ones, and a second
+/// watcher shares the producer. Method: one watcher reads the first snapshot, then nothing
+/// while twenty publishes move the lag; its next snapshot already shows all twenty; a
+/// second watcher opened meanwhile starts at the same newest snapshot.
+#[tokio::test]
+async fn a_slow_console_gets_the_newest_snapshot_not_a_queue() {
+    let rig = console_rig().await;
+    let a = rig.subscribe("g", json!({"topic": "t"})).await;
+    assert!(a.status.is_success(), "{}", a.json());
+    let mut slow = rig.feed(&[]).await;
+    let first = slow.snapshot().await;
+    assert_eq!(group(&first, "g")["lag"], 0);
+    for i in 0..20 {
+        rig.publish_structured("t", &format!("e{i}")).await;
+    }
+    let mut other = rig.feed(&[]).await;
+    let newest = other
+        .until("all twenty", |s| group(s, "g")["lag"] == 20)
+        .await;
+    let next = slow.snapshot().await;
+    assert_eq!(
+        group(&next, "g")["lag"],
+        20,
+        "the slow watcher's next snapshot is the newest: {next} (other saw {newest})"
+    );
+}
+
+/// Goal: an open console does not hold a shutdown: when the engine stops, the feed sends
+/// a last snapshot saying so and ends, and a watcher that comes later gets that snapshot
+/// and the end too. Method: a watcher reads the first snapshot; the engine shuts down; its
+/// stream shows the engine stopped, then ends (not merely goes quiet).
+#[tokio::test]
+async fn the_console_feed_ends_when_the_engine_stops() {
+    let rig = console_rig().await;
+    let mut feed = rig.feed(&[]).await;
+    assert_eq!(feed.snapshot().await["health"], json!({"ok": true}));
+    rig.app.engine.shutdown().await.expect("engine shutdown");
+    let last = feed
+        .until("the engine stopped", |s| s["health"]["ok"] == false)
+        .await;
+    assert_eq!(
+        last["health"]["reason"], "the engine task has stopped",
+        "{last}"
+    );
+    let after = feed.next_event().await;
+    assert!(after.is_none() && feed.ended, "after the last: {after:?}");
+    let mut late = rig.feed(&[]).await;
+    assert_eq!(late.snapshot().await, last);
+    let after = late.next_event().await;
+    assert!(after.is_none() && late.ended, "after the last: {after:?}");
+}
+
+/// Goal: the console's page and files are served by the admin listener (not the traffic
+/// one), with their types and a policy that keeps the page to its own origin; anything
+/// else under /ui is a 404 and another method a 405, in the API's error shape.
+#[tokio::test]
+async fn the_console_page_and_its_files_are_served_on_the_admin_listener() {
+    let rig = rig().await;
+    for (path, ty, needle) in [
+        (
+            "/ui",
+            "text/html; charset=utf-8",
+            "<title>unimesh console</title>",
+        ),
+        ("/ui/", "text/html; charset=utf-8", "/ui/console.js"),
+        (
+            "/ui/console.js",
+            "text/javascript; charset=utf-8",
+            "EventSource",
+        ),
+        ("/ui/console.css", "text/css; charset=utf-8", "font"),
+    ] {
+        let a = rig
+            .call(Listener::Admin, Method::GET, path, &[], Bytes::new())
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{path}");
+        assert_eq!(a.headers["content-type"], ty, "{path}");
+        assert!(
+            a.headers["content-security-policy"]
+                .to_str()
+                .is_ok_and(
+                    |p| p.contains("default-src 'none'") && p.contains("frame-ancestors 'none'")
+                ),
+            "{path}"
+        );
+        assert_eq!(a.headers["x-content-type-options"], "nosniff");
+        assert!(String::from_utf8_lossy(&a.body).contains(needle), "{path}");
+    }
+    let a = rig
+        .call(
+            Listener::Admin,
+            Method::GET,
+            "/ui/other.js",
+            &[],
+            Bytes::new(),
+        )
+        .await;
+    a.error(404, "not-found", "/ui/other.js");
+    let a = rig
+        .call(Listener::Admin, Method::POST, "/ui", &[], Bytes::new())
+        .await;
+    a.error(405, "method-not-allowed", "POST");
+    let a = rig
+        .call(Listener::Traffic, Method::GET, "/ui", &[], Bytes::new())
+        .await;
+    a.error(404, "not-found", "/ui");
+}
+
+/// Goal: with `[auth]` the page and its files stay open (they hold no data) while the feed
+/// needs the admin right, by `Authorization` or, for an `EventSource`, the `access_token`
+/// query parameter; a token without the right is refused.
+#[tokio::test]
+async fn with_auth_the_console_feed_needs_the_admin_right_and_its_page_does_not() {
+    use sha2::{Digest, Sha256};
+    let hash = |t: &str| -> String {
+        Sha256::digest(t.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let mut config = test_config();
+    for (name, token, admin) in [("ops", "t-ops", true), ("shop", "t-shop", false)] {
+        config.auth.identities.insert(
+            name.into(),
+            crate::config::auth::Identity {
+                token_sha256: hash(token),
+                publish: vec!["*".into()],
+                consume: Vec::new(),
+                define: Vec::new(),
+                admin,
+            },
+        );
+    }
+    let rig = rig_with(config).await;
+    let get = |uri: &'static str| rig.call(Listener::Admin, Method::GET, uri, &[], Bytes::new());
+    assert_eq!(get("/ui").await.status, StatusCode::OK);
+    assert_eq!(get("/ui/console.js").await.status, StatusCode::OK);
+    get("/admin/events")
+        .await
+        .error(401, "unauthorized", "credentials required");
+    get("/admin/events?access_token=t-shop")
+        .await
+        .error(403, "forbidden", "admin");
+    get("/admin/events?access_token=t-nope")
+        .await
+        .error(401, "unauthorized", "not valid");
+    // The token as a query parameter is read on the feed only.
+    let a = get("/admin/subscriptions?access_token=t-ops").await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    for headers in [&[][..], &[("authorization", "Bearer t-ops")][..]] {
+        let uri = if headers.is_empty() {
+            "/admin/events?access_token=t-ops"
+        } else {
+            "/admin/events"
+        };
+        let a = rig
+            .call(Listener::Admin, Method::GET, uri, headers, Bytes::new())
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{uri}");
+        assert_eq!(a.json()["health"]["ok"], true, "{uri}");
+    }
 }

@@ -155,11 +155,12 @@ pub(super) fn look_back_from(at: Offset, step: Offset, earliest: Offset) -> Opti
 }
 
 /// A read from a broker that may skip records: the offset to read from so that the
-/// stream holds every record at or after the target, and the first record at or after it.
+/// stream holds every record at or after the target, and the first record at or after it
+/// (its offset and what was read of it: by default its leader epoch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Read {
+pub(super) struct Read<H = (Offset, Option<i32>)> {
     pub from: Offset,
-    pub hit: FirstRecord,
+    pub hit: Option<H>,
 }
 
 /// The first record at or after `o`, from a broker that may answer a read from inside a
@@ -174,11 +175,11 @@ pub(super) struct Read {
 /// first (its batch came whole, so what follows is the log's own order) or starts at the
 /// log's `earliest`. On a broker that returns whole batches (Kafka) this costs no read
 /// more where the record at `o` exists, and one more where a gap or the log's end is.
-pub(super) fn read_looking_back<E>(
+pub(super) fn read_looking_back<H, E>(
     o: Offset,
     earliest: Offset,
-    mut scan: impl FnMut(Offset, Offset) -> Result<(Option<Offset>, FirstRecord), E>,
-) -> Result<Read, E> {
+    mut scan: impl FnMut(Offset, Offset) -> Result<(Option<Offset>, Option<H>), E>,
+) -> Result<Read<H>, E> {
     let (first, mut hit) = scan(o, o)?;
     if first.is_some_and(|f| f <= o) || o <= earliest {
         return Ok(Read { from: o, hit });
@@ -197,7 +198,7 @@ pub(super) fn read_looking_back<E>(
 
 /// The first offset in `[lo, hi]` where `holds`, for a `holds` that is false up to some
 /// offset and true from there on, and true at `hi` (so the answer is at most `hi`).
-fn first_where<E>(
+pub(super) fn first_where<E>(
     mut lo: Offset,
     mut hi: Offset,
     mut holds: impl FnMut(Offset) -> Result<bool, E>,
@@ -256,7 +257,15 @@ mod probe {
     /// At most this many leftovers of an earlier probe are drained before a probe.
     const MAX_STALE_POLLS: usize = 10_000;
 
-    /// A consumer outside any group that reads single records, to learn their epochs.
+    /// What a probe learns of the record it was after.
+    struct Hit {
+        offset: Offset,
+        epoch: Option<i32>,
+        timestamp_ms: Option<i64>,
+    }
+
+    /// A consumer outside any group that reads single records, to learn their epochs (and,
+    /// for a seek by time, their timestamps).
     pub struct EpochProbe {
         consumer: LoggedConsumer,
         timeout: Duration,
@@ -303,6 +312,26 @@ mod probe {
             Ok(self.read(topic, partition, from, earliest, end)?.hit)
         }
 
+        /// The first record at or after `from` before `end`, with its timestamp in ms
+        /// (`None` when the record carries none), read as [`Self::first_at`] reads.
+        pub fn first_stamped_at(
+            &self,
+            topic: &str,
+            partition: Partition,
+            from: Offset,
+            earliest: Offset,
+            end: Offset,
+        ) -> Result<Option<(Offset, Option<i64>)>, String> {
+            if from >= end {
+                return Ok(None);
+            }
+            let read = super::read_looking_back(from, earliest, |at, target| {
+                self.scan(topic, partition, at, target, earliest, false)
+                    .map(|(first, hit)| (first, hit.map(|h| (h.offset, h.timestamp_ms))))
+            })?;
+            Ok(read.hit)
+        }
+
         /// [`super::read_looking_back`] through this probe: where to read from so that
         /// the stream holds every record at or after `from`, and the first of them.
         pub fn read(
@@ -315,6 +344,7 @@ mod probe {
         ) -> Result<super::Read, String> {
             super::read_looking_back(from, earliest, |at, target| {
                 self.scan(topic, partition, at, target, earliest, end.is_none())
+                    .map(|(first, hit)| (first, hit.map(|h| (h.offset, h.epoch))))
             })
         }
 
@@ -356,7 +386,7 @@ mod probe {
             target: Offset,
             earliest: Offset,
             unbounded: bool,
-        ) -> Result<(Option<Offset>, FirstRecord), String> {
+        ) -> Result<(Option<Offset>, Option<Hit>), String> {
             // Whatever an earlier probe left queued is not an answer to this one
             // (librdkafka drops what an unassign outdated; this makes sure, bounded).
             for _ in 0..MAX_STALE_POLLS {
@@ -426,7 +456,12 @@ mod probe {
                         first.get_or_insert(o);
                         quiet_since = Instant::now();
                         if o >= target {
-                            break Ok((first, Some((o, leader_epoch(&m)))));
+                            let hit = Hit {
+                                offset: o,
+                                epoch: leader_epoch(&m),
+                                timestamp_ms: m.timestamp().to_millis(),
+                            };
+                            break Ok((first, Some(hit)));
                         }
                     }
                     Some(Ok(_)) => {}

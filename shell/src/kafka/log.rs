@@ -234,6 +234,9 @@ pub(super) struct Inner {
     events: Mutex<Option<mpsc::Sender<GroupEvent>>>,
     #[cfg(not(madsim))]
     pub runtime: tokio::runtime::Handle,
+    /// Seek by time (offsets-for-times); the simulated broker is not asked.
+    #[cfg(not(madsim))]
+    times: super::times::TimeLookup,
     pub counters: KafkaCounters,
     health: BrokerHealth,
     pub progress: Arc<super::progress::ProgressReader>,
@@ -345,6 +348,8 @@ impl KafkaLog {
                 events: Mutex::new(None),
                 #[cfg(not(madsim))]
                 runtime: tokio::runtime::Handle::current(),
+                #[cfg(not(madsim))]
+                times: super::times::TimeLookup::default(),
                 counters: KafkaCounters::default(),
                 health: BrokerHealth::default(),
                 progress,
@@ -1022,6 +1027,58 @@ impl LogPort for KafkaLog {
             });
             None
         }
+    }
+
+    /// Kafka's offsets-for-times, checked against the records (`kafka::times`); "no record
+    /// that new" is the partition's end. Not under madsim (its simulated broker is not
+    /// asked): the trait's refusal.
+    #[cfg(not(madsim))]
+    fn offset_for_time(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> BoxFut<Result<Offset, AppendError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            let partitions = log.listed_partitions(&topic).await.map_err(|e| {
+                AppendError::Unavailable(format!("Kafka metadata request failed: {e}"))
+            })?;
+            match partitions {
+                None => return Err(AppendError::Invalid(format!("unknown topic {topic}"))),
+                Some(n) if partition >= n => {
+                    return Err(AppendError::Invalid(format!(
+                        "topic {topic} has {n} partitions, there is no partition {partition}"
+                    )))
+                }
+                Some(_) => {}
+            }
+            let s = &log.inner.settings;
+            let times = &log.inner.times;
+            let claim = times.claim(s, &topic, partition, time_ms).await?;
+            // The end as the rest of the mesh sees it: the broker's, raised to what the
+            // log was shown to hold.
+            log.watermarks(&topic, partition)
+                .await
+                .map_err(AppendError::Unavailable)?;
+            let range = log.cached_offsets(&topic, partition).ok_or_else(|| {
+                AppendError::Unavailable(format!("no offsets of {topic}/{partition}"))
+            })?;
+            let resolved = times
+                .resolve(s, &topic, partition, time_ms, claim.clone().ok(), range)
+                .await?;
+            if !resolved.claim_held {
+                tracing::info!(
+                    %topic,
+                    partition,
+                    time_ms,
+                    claim = ?claim,
+                    offset = resolved.offset,
+                    "the broker's offsets-for-times answer did not match the records; searched them"
+                );
+            }
+            Ok(resolved.offset)
+        })
     }
 
     fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {

@@ -48,6 +48,8 @@ pub mod rules;
 mod simulated;
 #[cfg(not(madsim))]
 mod subscriptions;
+#[cfg(not(madsim))]
+mod times;
 
 use std::time::Duration;
 

@@ -17,7 +17,10 @@
 //! ```
 //!
 //! Meta column family: `T` + topic → topic header; `E` + topic + `\0` + partition (u32 BE) →
-//! the partition's earliest offset once retention has moved it (absent = 0).
+//! the partition's earliest offset once retention has moved it (absent = 0); `I` + topic +
+//! `\0` + partition (u32 BE) + second (u64 BE) → the first offset appended in that wall-clock
+//! second (the time index: one entry per partition per second in which it was appended to,
+//! written in the same batch as the records, deleted by retention with them).
 //!
 //! Everything read back is checked (length, version, checksum) before use: a corrupt value
 //! becomes a [`LogError::Corrupt`], never a panic or an out-of-bounds slice.
@@ -32,10 +35,16 @@ pub(crate) const RECORD_HEADER_LEN: usize = 21;
 const TOPIC_VERSION: u8 = 1;
 const TOPIC_META_LEN: usize = 13;
 const EARLIEST_VERSION: u8 = 1;
-const EARLIEST_META_LEN: usize = 9;
+const TIME_INDEX_VERSION: u8 = 1;
+/// A version byte and a u64 (the earliest-offset meta, a time-index entry).
+const OFFSET_VALUE_LEN: usize = 9;
 
 const TOPIC_META_TAG: u8 = b'T';
 const EARLIEST_META_TAG: u8 = b'E';
+const TIME_INDEX_TAG: u8 = b'I';
+
+/// The width of one time-index bucket: an entry per partition per wall-clock second.
+pub(crate) const TIME_INDEX_BUCKET_MS: u64 = 1_000;
 
 /// The stored header of one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,23 +211,77 @@ pub(crate) fn earliest_meta_key(topic: &TopicName, partition: Partition) -> Vec<
 }
 
 pub(crate) fn encode_earliest(earliest: Offset) -> Vec<u8> {
-    let mut out = Vec::with_capacity(EARLIEST_META_LEN);
-    out.push(EARLIEST_VERSION);
-    out.extend_from_slice(&earliest.to_be_bytes());
-    out
+    encode_offset(EARLIEST_VERSION, earliest).to_vec()
 }
 
 pub(crate) fn decode_earliest(value: &[u8]) -> Result<Offset, LogError> {
-    if value.len() != EARLIEST_META_LEN || value[0] != EARLIEST_VERSION {
+    decode_offset("earliest-offset meta", EARLIEST_VERSION, value)
+}
+
+/// A version byte and an offset (u64 BE): the earliest-offset meta and a time-index entry.
+fn encode_offset(version: u8, offset: Offset) -> [u8; OFFSET_VALUE_LEN] {
+    let mut out = [0u8; OFFSET_VALUE_LEN];
+    out[0] = version;
+    out[1..].copy_from_slice(&offset.to_be_bytes());
+    out
+}
+
+fn decode_offset(what: &str, version: u8, value: &[u8]) -> Result<Offset, LogError> {
+    if value.len() != OFFSET_VALUE_LEN || value[0] != version {
         return Err(LogError::Corrupt {
             what: format!(
-                "earliest-offset meta of {} bytes (version {:?}), expected {EARLIEST_META_LEN} bytes of version {EARLIEST_VERSION}",
+                "{what} of {} bytes (version {:?}), expected {OFFSET_VALUE_LEN} bytes of version {version}",
                 value.len(),
                 value.first()
             ),
         });
     }
     Ok(be_u64(&value[1..9]))
+}
+
+/// The time-index bucket of an append time.
+pub(crate) fn time_bucket(append_ms: u64) -> u64 {
+    append_ms / TIME_INDEX_BUCKET_MS
+}
+
+/// `I topic \0 partition` — the common prefix of one partition's time-index keys.
+pub(crate) fn time_index_prefix(topic: &TopicName, partition: Partition) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + topic.as_str().len() + 1 + 4 + 8);
+    key.push(TIME_INDEX_TAG);
+    key.extend_from_slice(topic.as_str().as_bytes());
+    key.push(0);
+    key.extend_from_slice(&partition.to_be_bytes());
+    key
+}
+
+/// The time-index key of `bucket` (a second since the epoch) of one partition.
+pub(crate) fn time_index_key(topic: &TopicName, partition: Partition, bucket: u64) -> Vec<u8> {
+    let mut key = time_index_prefix(topic, partition);
+    key.extend_from_slice(&bucket.to_be_bytes());
+    key
+}
+
+/// The bucket of a time-index key of the partition whose prefix is `prefix_len` bytes long.
+#[cfg(test)]
+pub(crate) fn time_index_bucket(key: &[u8], prefix_len: usize) -> Result<u64, LogError> {
+    key.get(prefix_len..)
+        .filter(|tail| tail.len() == 8)
+        .map(be_u64)
+        .ok_or_else(|| LogError::Corrupt {
+            what: format!(
+                "time-index key of {} bytes, expected {}",
+                key.len(),
+                prefix_len + 8
+            ),
+        })
+}
+
+pub(crate) fn encode_time_index(first: Offset) -> [u8; OFFSET_VALUE_LEN] {
+    encode_offset(TIME_INDEX_VERSION, first)
+}
+
+pub(crate) fn decode_time_index(value: &[u8]) -> Result<Offset, LogError> {
+    decode_offset("time-index entry", TIME_INDEX_VERSION, value)
 }
 
 /// Callers pass exactly 8 bytes (checked by the slicing above them).
@@ -350,6 +413,12 @@ mod tests {
         assert!(decode_topic_meta(b"").is_err());
         assert!(decode_topic_meta(&[2; TOPIC_META_LEN]).is_err());
         assert!(decode_earliest(&[1; 4]).is_err());
+        assert_eq!(
+            decode_time_index(&encode_time_index(12_345)).unwrap(),
+            12_345
+        );
+        assert!(decode_time_index(&[2; OFFSET_VALUE_LEN]).is_err());
+        assert!(decode_time_index(&[1; 8]).is_err());
         let topic = TopicName::new("orders").unwrap();
         assert_eq!(topic_from_meta_key(&topic_meta_key(&topic)).unwrap(), topic);
         assert!(topic_from_meta_key(b"Tbad/name").is_err());
@@ -368,5 +437,23 @@ mod tests {
         // A topic whose name extends another's must not fall inside its key range.
         let longer = TopicName::new("t.x").unwrap();
         assert!(record_key(&longer, 0, 0) > record_key(&topic, u32::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn time_index_keys_sort_by_second_within_their_partition_and_parse_back() {
+        let topic = TopicName::new("t").unwrap();
+        let a = time_index_key(&topic, 1, 255);
+        let b = time_index_key(&topic, 1, 256);
+        assert!(a < b);
+        assert!(time_index_key(&topic, 0, u64::MAX) < a, "partitions apart");
+        let prefix = time_index_prefix(&topic, 1).len();
+        assert_eq!(time_index_bucket(&b, prefix).unwrap(), 256);
+        assert!(time_index_bucket(&b[..b.len() - 1], prefix).is_err());
+        // Another tag's keys never fall inside a partition's index range.
+        assert!(!earliest_meta_key(&topic, 1).starts_with(&time_index_prefix(&topic, 1)));
+        let longer = TopicName::new("t.x").unwrap();
+        assert!(time_index_key(&longer, 0, 0) > time_index_key(&topic, u32::MAX, u64::MAX));
+        assert_eq!(time_bucket(1_999), 1);
+        assert_eq!(time_bucket(2_000), 2);
     }
 }

@@ -10,8 +10,9 @@
 //!   with every other append waiting at that moment), [`EmbeddedLog::ensure_topic`] /
 //!   [`EmbeddedLog::create_topic`] (synchronous, one fsync, only for a new topic).
 //! - Reads: [`EmbeddedLog::read`], [`EmbeddedLog::offsets`], [`EmbeddedLog::topic`],
-//!   [`EmbeddedLog::topics`]. `read` is a blocking RocksDB read (usually served from the
-//!   memtable or block cache); call it from `spawn_blocking` when latency matters.
+//!   [`EmbeddedLog::topics`], [`EmbeddedLog::offset_for_time`] (by the time index). `read`
+//!   is a blocking RocksDB read (usually served from the memtable or block cache); call it
+//!   from `spawn_blocking` when latency matters.
 //! - Waiting: [`EmbeddedLog::watch_end`] yields the end offset of a partition each time it
 //!   moves, so a fetch parked at the end of a partition wakes on the next append.
 //! - Housekeeping: [`EmbeddedLog::enforce_retention`], called periodically with the wall time.
@@ -698,6 +699,43 @@ impl EmbeddedLog {
             .store(n, Ordering::Relaxed);
     }
 
+    /// The time index of a partition: (second, first offset appended in it), ascending.
+    #[cfg(test)]
+    pub(crate) fn time_index_entries(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Vec<(u64, Offset)> {
+        let db = &self.inner.shared.db;
+        let meta = meta_cf(db).unwrap();
+        let prefix = codec::time_index_prefix(topic, partition);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(codec::time_index_key(topic, partition, 0));
+        opts.set_iterate_upper_bound(codec::time_index_key(topic, partition, u64::MAX));
+        let mut it = db.raw_iterator_cf_opt(&meta, opts);
+        it.seek_to_first();
+        let mut out = Vec::new();
+        while let Some((key, value)) = it.item() {
+            let bucket = codec::time_index_bucket(key, prefix.len()).unwrap();
+            out.push((bucket, codec::decode_time_index(value).unwrap()));
+            it.next();
+        }
+        out
+    }
+
+    /// Deletes a partition's time index (as a log written before the index existed has none).
+    #[cfg(test)]
+    pub(crate) fn drop_time_index(&self, topic: &TopicName, partition: Partition) {
+        let db = &self.inner.shared.db;
+        let meta = meta_cf(db).unwrap();
+        db.delete_range_cf(
+            &meta,
+            codec::time_index_key(topic, partition, 0),
+            codec::time_index_key(topic, partition, u64::MAX),
+        )
+        .unwrap();
+    }
+
     /// The topic, created with `default_partitions` if it does not exist.
     pub fn ensure_topic(&self, topic: &TopicName) -> Result<TopicInfo, LogError> {
         self.create_topic(topic, self.inner.shared.cfg.default_partitions)
@@ -946,6 +984,97 @@ impl EmbeddedLog {
         Ok((part.earliest(), part.end()))
     }
 
+    /// The first offset of a partition whose append time is at or after `time_ms` (ms since
+    /// the Unix epoch): the earliest offset for a time before every record, the end for a
+    /// time after them all (and for an empty partition).
+    ///
+    /// The time index narrows the search to the second of `time_ms` (its entry and the next
+    /// one), then a binary search over the records' stored append times finds the offset;
+    /// append times are non-decreasing along a partition (the writer keeps them so), so the
+    /// answer is exact to the millisecond. A missing index entry (a log written before the
+    /// index existed, a second retention emptied) only widens the search. Blocking: a few
+    /// point reads.
+    pub fn offset_for_time(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> Result<Offset, LogError> {
+        let state = self
+            .topic_state(topic)
+            .ok_or_else(|| LogError::UnknownTopic(topic.clone()))?;
+        let part = state.partition(partition)?;
+        let end = part.end();
+        let earliest = part.earliest();
+        if earliest >= end {
+            return Ok(end);
+        }
+        let db = &self.inner.shared.db;
+        let (lo, hi) = self.time_index_span(topic, partition, time_ms)?;
+        let (mut lo, mut hi) = (
+            lo.unwrap_or(earliest).max(earliest),
+            hi.unwrap_or(end).min(end),
+        );
+        if lo > hi {
+            (lo, hi) = (earliest, end);
+        }
+        let cf = records_cf(db)?;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let value = db
+                .get_pinned_cf(&cf, codec::record_key(topic, partition, mid))
+                .map_err(LogError::storage)?;
+            let Some(value) = value else {
+                // Retention deleted it meanwhile: the answer is at or after the new earliest.
+                let now = part.earliest();
+                if mid < now {
+                    lo = now.min(hi);
+                    continue;
+                }
+                return Err(LogError::Corrupt {
+                    what: format!("{topic}/{partition}: record {mid} is missing"),
+                });
+            };
+            let (header, _) =
+                codec::decode_record(&value).map_err(|e| e.at(topic, partition, mid))?;
+            if header.append_ms < time_ms {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// What the time index says of `time_ms` in a partition: the first offset of the latest
+    /// indexed second at or before it (every record before it is older than `time_ms`) and
+    /// the first offset of the next indexed second (every record from it on is newer).
+    fn time_index_span(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+        time_ms: u64,
+    ) -> Result<(Option<Offset>, Option<Offset>), LogError> {
+        let db = &self.inner.shared.db;
+        let meta = meta_cf(db)?;
+        let bucket = codec::time_bucket(time_ms);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(codec::time_index_key(topic, partition, 0));
+        opts.set_iterate_upper_bound(codec::time_index_key(topic, partition, u64::MAX));
+        let mut it = db.raw_iterator_cf_opt(&meta, opts);
+        it.seek_for_prev(codec::time_index_key(topic, partition, bucket));
+        let before = it.value().map(codec::decode_time_index).transpose()?;
+        it.status().map_err(LogError::storage)?;
+        it.seek(codec::time_index_key(
+            topic,
+            partition,
+            bucket.saturating_add(1),
+        ));
+        let after = it.value().map(codec::decode_time_index).transpose()?;
+        it.status().map_err(LogError::storage)?;
+        Ok((before, after))
+    }
+
     /// The end offset of a partition, updated after every synced append to it. A fetch parked
     /// at the end waits on `changed()`.
     pub fn watch_end(
@@ -1070,6 +1199,14 @@ impl EmbeddedLog {
             }
         };
         let deleted_bytes = position_at(cut)?.saturating_sub(position_at(earliest)?);
+        // Time-index entries of the seconds wholly deleted go with them: every second before
+        // the first kept record's (or, when none is kept, up to the last deleted record's).
+        // Entries the writer adds meanwhile are of later seconds and stay.
+        let kept_from_bucket = if cut < end {
+            codec::time_bucket(header_at(cut)?.0.append_ms)
+        } else {
+            codec::time_bucket(header_at(end - 1)?.0.append_ms).saturating_add(1)
+        };
 
         // Readers see the new earliest before the records go, so none of them can find a
         // hole; if the write fails the old value comes back (only this pass moves it).
@@ -1080,6 +1217,11 @@ impl EmbeddedLog {
             &cf,
             codec::record_key(topic, partition, 0),
             codec::record_key(topic, partition, cut),
+        );
+        batch.delete_range_cf(
+            &meta,
+            codec::time_index_key(topic, partition, 0),
+            codec::time_index_key(topic, partition, kept_from_bucket),
         );
         batch.put_cf(
             &meta,

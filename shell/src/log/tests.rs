@@ -943,3 +943,191 @@ async fn no_window_when_read_cache_bytes_is_zero() {
     );
     assert_eq!(read_all(&log, &t, 0).len(), 2);
 }
+
+/// The first offset at or after `time_ms` in `times` (one append time per offset from
+/// `earliest`), else the end: what `offset_for_time` must answer.
+fn first_at_or_after(times: &[(Offset, u64)], end: Offset, time_ms: u64) -> Offset {
+    times
+        .iter()
+        .find(|(_, t)| *t >= time_ms)
+        .map_or(end, |(o, _)| *o)
+}
+
+/// Every time worth asking about: each stored time, one ms either side, each second's
+/// edges, before everything and far after.
+fn probe_times(times: &[(Offset, u64)]) -> Vec<u64> {
+    let mut probes: BTreeSet<u64> = [0, 1, u64::MAX / 2, u64::MAX].into();
+    for (_, t) in times {
+        for p in [
+            t.saturating_sub(1),
+            *t,
+            t + 1,
+            t / 1_000 * 1_000,
+            t / 1_000 * 1_000 + 999,
+        ] {
+            probes.insert(p);
+        }
+    }
+    probes.into_iter().collect()
+}
+
+fn check_every_probe(log: &EmbeddedLog, t: &TopicName, times: &[(Offset, u64)], what: &str) {
+    let (_, end) = log.offsets(t, 0).unwrap();
+    for probe in probe_times(times) {
+        assert_eq!(
+            log.offset_for_time(t, 0, probe).unwrap(),
+            first_at_or_after(times, end, probe),
+            "{what}: time {probe}"
+        );
+    }
+}
+
+/// Goal: a seek by time finds the first record appended at or after the time — the
+/// earliest for a time before every record, the end after them all — exactly to the
+/// millisecond, with one time-index entry per second that had appends, before and after a
+/// reopen. Method: 12 records over four seconds (several in one second, one second
+/// skipped), every interesting time probed against a brute-force answer.
+#[tokio::test]
+async fn seek_by_time_finds_the_first_record_at_or_after_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let t = topic("timed");
+    let stamps = [
+        1_000, 1_000, 1_400, 1_999, 2_000, 2_500, 2_500, 2_501, 4_100, 4_900, 4_900, 5_000,
+    ];
+    let mut times = Vec::new();
+    {
+        let log = EmbeddedLog::open(clocked(dir.path(), &clock)).unwrap();
+        log.create_topic(&t, 1).unwrap();
+        assert_eq!(
+            log.offset_for_time(&t, 0, 1_000).unwrap(),
+            0,
+            "empty: the end"
+        );
+        for (offset, ms) in stamps.iter().enumerate() {
+            clock.set(*ms);
+            log.append(&t, vec![item(None, format!("r{offset}"))])
+                .await
+                .unwrap();
+            times.push((offset as Offset, *ms));
+        }
+        check_every_probe(&log, &t, &times, "open");
+        assert_eq!(
+            log.time_index_entries(&t, 0),
+            vec![(1, 0), (2, 4), (4, 8), (5, 11)],
+            "one entry per second with appends, naming its first record"
+        );
+        assert!(matches!(
+            log.offset_for_time(&t, 1, 0),
+            Err(LogError::UnknownPartition { .. })
+        ));
+        assert!(matches!(
+            log.offset_for_time(&topic("nope"), 0, 0),
+            Err(LogError::UnknownTopic(_))
+        ));
+        log.close().unwrap();
+    }
+    let log = EmbeddedLog::open(clocked(dir.path(), &clock)).unwrap();
+    check_every_probe(&log, &t, &times, "reopened");
+    // Appends after the reopen continue the index where it was: still in second 5, no new
+    // entry; second 7 gets one.
+    for ms in [5_500, 7_000] {
+        clock.set(ms);
+        let placed = log.append(&t, vec![item(None, "late")]).await.unwrap();
+        times.push((placed[0].1, ms));
+    }
+    assert_eq!(
+        log.time_index_entries(&t, 0),
+        vec![(1, 0), (2, 4), (4, 8), (5, 11), (7, 13)]
+    );
+    check_every_probe(&log, &t, &times, "appended after the reopen");
+}
+
+/// Goal: the index only narrows the search, so answers stay exact without it (a log
+/// written before it existed) and when the wall clock steps back (stored times stay
+/// non-decreasing, so the step-back records count as appended at the earlier time).
+/// Method: 400 records at pseudo-random steps of 0 to 1.5 s with two step-backs, probed
+/// with and without the index.
+#[tokio::test]
+async fn seek_by_time_is_exact_without_the_index_and_across_clock_step_backs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let log = EmbeddedLog::open(clocked(dir.path(), &clock)).unwrap();
+    let t = topic("stepped");
+    log.create_topic(&t, 1).unwrap();
+    let mut wall = 1_700_000_000_000u64;
+    let mut stored = 0u64;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut times = Vec::new();
+    for i in 0..400u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        wall += seed % 1_500;
+        if i == 100 || i == 250 {
+            wall -= 4_000; // the wall clock steps back
+        }
+        clock.set(wall);
+        stored = stored.max(wall);
+        let batch = 1 + (seed % 3) as usize;
+        let placed = log
+            .append(&t, (0..batch).map(|_| item(None, "x")).collect())
+            .await
+            .unwrap();
+        times.extend(placed.iter().map(|(_, o)| (*o, stored)));
+    }
+    check_every_probe(&log, &t, &times, "indexed");
+    let entries = log.time_index_entries(&t, 0);
+    let seconds: BTreeSet<u64> = times.iter().map(|(_, ms)| ms / 1_000).collect();
+    assert_eq!(
+        entries.len(),
+        seconds.len(),
+        "one entry per second with appends"
+    );
+    log.drop_time_index(&t, 0);
+    assert!(log.time_index_entries(&t, 0).is_empty());
+    check_every_probe(&log, &t, &times, "without the index");
+}
+
+/// Goal: retention takes the index entries of the seconds it deleted (so the index stays as
+/// bounded as the records), a time before the new earliest answers the new earliest, and a
+/// partition retention emptied answers its end. Method: records in seconds 1, 2 and 6,
+/// retention at 4 s keeps second 6, then at 20 s keeps nothing.
+#[tokio::test]
+async fn retention_deletes_the_index_entries_of_the_seconds_it_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let mut cfg = clocked(dir.path(), &clock);
+    cfg.retention_ms = Some(2_000);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("kept");
+    log.create_topic(&t, 1).unwrap();
+    for ms in [1_100, 1_200, 2_300, 6_000, 6_500] {
+        clock.set(ms);
+        log.append(&t, vec![item(None, "x")]).await.unwrap();
+    }
+    assert_eq!(log.time_index_entries(&t, 0), vec![(1, 0), (2, 2), (6, 3)]);
+    log.enforce_retention(5_000).unwrap();
+    assert_eq!(log.offsets(&t, 0).unwrap(), (3, 5));
+    assert_eq!(log.time_index_entries(&t, 0), vec![(6, 3)]);
+    assert_eq!(
+        log.offset_for_time(&t, 0, 0).unwrap(),
+        3,
+        "before: the earliest"
+    );
+    assert_eq!(log.offset_for_time(&t, 0, 6_200).unwrap(), 4);
+    assert_eq!(
+        log.offset_for_time(&t, 0, 9_000).unwrap(),
+        5,
+        "after: the end"
+    );
+    log.enforce_retention(20_000).unwrap();
+    assert_eq!(log.offsets(&t, 0).unwrap(), (5, 5));
+    assert!(log.time_index_entries(&t, 0).is_empty());
+    assert_eq!(log.offset_for_time(&t, 0, 0).unwrap(), 5, "empty: the end");
+    clock.set(21_000);
+    log.append(&t, vec![item(None, "y")]).await.unwrap();
+    assert_eq!(log.time_index_entries(&t, 0), vec![(21, 5)]);
+    assert_eq!(log.offset_for_time(&t, 0, 0).unwrap(), 5);
+    assert_eq!(log.offset_for_time(&t, 0, 21_001).unwrap(), 6);
+}

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Offset, Partition, TopicName};
 
 use super::codec::{self, RecordHeader};
-use super::{LogError, Shared, TopicState, RECORDS_CF};
+use super::{LogError, Shared, TopicState, META_CF, RECORDS_CF};
 
 /// Where a partition's next record goes. Owned by the writer thread once it has seen the
 /// partition; the topic carries the value recovered at open (or zero for a new topic).
@@ -34,7 +34,8 @@ use super::{LogError, Shared, TopicState, RECORDS_CF};
 pub(crate) struct Tail {
     pub next: Offset,
     /// Append times are kept non-decreasing per partition (a wall clock stepping back must not
-    /// make retention by age cut in the middle of a partition).
+    /// make retention by age cut in the middle of a partition, nor a seek by time land in
+    /// it).
     pub last_ms: u64,
     /// Payload bytes appended before `next` (see the record header's `position`).
     pub position: u64,
@@ -113,6 +114,10 @@ fn commit(
         .db
         .cf_handle(RECORDS_CF)
         .ok_or_else(|| LogError::Storage(format!("column family {RECORDS_CF} is missing")))?;
+    let meta = shared
+        .db
+        .cf_handle(META_CF)
+        .ok_or_else(|| LogError::Storage(format!("column family {META_CF} is missing")))?;
     let now_ms = shared.cfg.clock.now_ms();
     // Tails advance in this scratch map and are stored back only after the sync succeeded.
     let mut touched: HashMap<(TopicName, Partition), (Arc<TopicState>, Tail)> = HashMap::new();
@@ -139,6 +144,16 @@ fn commit(
             codec::record_key_into(key, &request.topic.name, *partition, tail.next);
             codec::encode_record_into(value, header, payload);
             batch.put_cf(&cf, &*key, &*value);
+            // The first record of a new second gets a time-index entry, in the same batch:
+            // the index never names a record that is not there.
+            let bucket = codec::time_bucket(header.append_ms);
+            if bucket > codec::time_bucket(tail.last_ms) {
+                batch.put_cf(
+                    &meta,
+                    codec::time_index_key(&request.topic.name, *partition, bucket),
+                    codec::encode_time_index(tail.next),
+                );
+            }
             assigned.push((*partition, tail.next));
             tail.next += 1;
             tail.last_ms = header.append_ms;

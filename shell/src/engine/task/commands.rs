@@ -75,8 +75,9 @@ impl EngineTask {
                 group,
                 partition,
                 offset,
+                clamp,
                 reply,
-            } => self.on_seek(group, partition, offset, reply),
+            } => self.on_seek(group, partition, offset, clamp, reply),
             Command::Settle {
                 group,
                 how,
@@ -173,18 +174,25 @@ impl EngineTask {
         }
     }
 
-    /// Operator rewind or skip of one partition; answers once durable.
+    /// Operator rewind or skip of one partition; answers the offset once durable.
     fn on_seek(
         &mut self,
         group: GroupName,
         partition: Partition,
         offset: Offset,
-        reply: Reply<()>,
+        clamp: bool,
+        reply: Reply<Offset>,
     ) {
         // A seek outside what the log holds would read as a broker truncation (past the
-        // end) or as retention (below the earliest): refuse it instead.
+        // end) or as retention (below the earliest): refuse it instead, or with `clamp`
+        // (an offset resolved from a time) take the nearest offset the log holds.
+        let mut offset = offset;
         if let Some(topic) = self.mesh.subscription(&group).map(|s| s.topic.clone()) {
             let refused = match self.log.offsets(&topic, partition) {
+                Ok((earliest, end)) if clamp => {
+                    offset = offset.clamp(earliest, end.max(earliest));
+                    None
+                }
                 Ok((earliest, end)) if offset < earliest || offset > end => Some(format!(
                     "offset {offset} is outside partition {partition} of topic {topic}, which \
                      holds {earliest}..{end}"
@@ -207,7 +215,15 @@ impl EngineTask {
             }
             _ => {
                 self.finish_pending();
-                self.flush_after(reply);
+                let (durable, done) = oneshot::channel();
+                self.flush_after(durable);
+                // The flush answers `()`; the caller wants the offset.
+                tokio::spawn(async move {
+                    let answer = done.await.unwrap_or_else(|_| {
+                        Err(EngineError::Unavailable("the engine has stopped".into()))
+                    });
+                    let _ = reply.send(answer.map(|()| offset));
+                });
             }
         }
     }

@@ -80,6 +80,10 @@ pub(crate) struct EngineTask {
     ticket_waiters: BTreeMap<Ticket, Vec<Reply<()>>>,
     /// DLQ records currently in a group's replay lane, so a second replay does not repeat them.
     replaying: BTreeMap<GroupName, BTreeSet<(Partition, Offset)>>,
+    /// Groups whose DLQ a persist out will change (dead letters, resolutions), by ticket.
+    dlq_pending: BTreeMap<Ticket, BTreeSet<GroupName>>,
+    /// Per group, how many durable persists changed its DLQ (a browse then may differ).
+    dlq_changes: BTreeMap<GroupName, u64>,
     shutdown: Option<Reply<()>>,
     last_closed_scan: Instant,
     /// Debug builds: when the core's invariants are checked next.
@@ -131,6 +135,8 @@ impl EngineTask {
             flush_waiters: Vec::new(),
             ticket_waiters: BTreeMap::new(),
             replaying: BTreeMap::new(),
+            dlq_pending: BTreeMap::new(),
+            dlq_changes: BTreeMap::new(),
             shutdown: None,
             last_closed_scan: Instant::now(),
             invariants: InvariantSampler::default(),
@@ -190,6 +196,11 @@ impl EngineTask {
     }
 
     fn feed(&mut self, now: Millis, input: Input) -> Response {
+        // Anything but a tick with nothing due may change what the views show: tell the
+        // console's feed (a stored permit when nobody waits, so nothing is lost or queued).
+        if !matches!(input, Input::Tick) || self.mesh.poll_timeout().is_some_and(|t| t <= now) {
+            self.shared.changed.notify_one();
+        }
         let response = match self.tap.clone() {
             None => self.mesh.handle(now, input),
             Some(tap) => {
@@ -322,6 +333,8 @@ impl EngineTask {
         }
         self.shared.healthy.store(false, AtomicOrdering::Relaxed);
         self.shared.ready.store(false, AtomicOrdering::Relaxed);
+        // The console's feed sends its last snapshot (the engine stopped) and ends.
+        self.shared.changed.notify_one();
         for w in self.polls.take_all() {
             let _ = w.reply.send(Ok(w.got));
         }
@@ -392,6 +405,7 @@ impl EngineTask {
                             .extend(waiters);
                     }
                     self.note_replays(&batch);
+                    self.note_dlq_changes(ticket, &batch);
                     let batch: Arc<PersistBatch> = Arc::from(batch);
                     if let Some(tap) = &self.tap {
                         tap.persist(self.mesh.now(), ticket, &batch);
@@ -517,6 +531,39 @@ impl EngineTask {
         }
         for g in &batch.removed_groups {
             self.replaying.remove(g);
+        }
+    }
+
+    /// Remembers which groups' DLQ this persist changes, to count once it is durable.
+    fn note_dlq_changes(&mut self, ticket: Ticket, batch: &PersistBatch) {
+        let groups: BTreeSet<GroupName> = batch
+            .dead_letters
+            .iter()
+            .map(|d| &d.key.group)
+            .chain(batch.dlq_resolved.iter().map(|k| &k.group))
+            .cloned()
+            .collect();
+        for g in &batch.removed_groups {
+            self.dlq_changes.remove(g);
+        }
+        if !groups.is_empty() {
+            self.dlq_pending.insert(ticket, groups);
+        }
+    }
+
+    /// A persist is durable (`Ok`) or failed (its content is carried again by a later
+    /// one, which is noted when it goes out).
+    fn dlq_persisted(&mut self, ticket: Ticket, durable: bool) {
+        let Some(groups) = self.dlq_pending.remove(&ticket) else {
+            return;
+        };
+        if durable {
+            for g in groups {
+                if self.mesh.subscription(&g).is_some() {
+                    let n = self.dlq_changes.entry(g).or_default();
+                    *n = n.saturating_add(1);
+                }
+            }
         }
     }
 
@@ -654,6 +701,7 @@ impl EngineTask {
             }
             Event::Persisted { ticket, result } => {
                 let waiters = self.ticket_waiters.remove(&ticket).unwrap_or_default();
+                self.dlq_persisted(ticket, result.is_ok());
                 match result {
                     Ok(()) => {
                         let _ = self.handle(Input::Persisted { ticket });

@@ -45,6 +45,7 @@ impl EngineTask {
                 .as_ref()
                 .map_or(0, |r| r.in_flight + r.queued + r.backoff),
             stats: view.stats,
+            dlq_changes: self.dlq_changes.get(group).copied().unwrap_or(0),
             spec: view.spec,
         })
     }
