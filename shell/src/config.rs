@@ -1750,6 +1750,86 @@ mod tests {
         }
     }
 
+    /// Goal: publish dedup is off by default, set for every topic or per topic (a topic's
+    /// table inheriting what it leaves out, `window_s = 0` turning it off), and every bad
+    /// window, bound or name refused naming its key. Method: load files and read the
+    /// engine's dedup configuration.
+    #[test]
+    fn dedup_windows_load_per_topic_and_bad_ones_are_named() {
+        use crate::engine::dedup::WindowRule;
+        let t = |s: &str| unimesh_core::TopicName::new(s).unwrap();
+        assert!(!Config::default().dedup_config().enabled());
+        let f = file(
+            "[dedup]\nmax_entries = 500\n\n[dedup.topics.orders]\nwindow_s = 600\n\n\
+             [dedup.topics.\"audit.log\"]\nwindow_s = 60\nmax_entries = 7\n",
+        );
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        let d = c.dedup_config();
+        assert_eq!(d.default, None, "window_s = 0 leaves the other topics off");
+        let rule = |window_ms, max_entries| {
+            Some(WindowRule {
+                window_ms,
+                max_entries,
+            })
+        };
+        assert_eq!(d.rule(&t("orders")), rule(600_000, 500));
+        assert_eq!(d.rule(&t("audit.log")), rule(60_000, 7));
+        assert_eq!(d.rule(&t("other")), None);
+        assert_eq!(c.engine_config().dedup, d);
+
+        let f = file("[dedup]\nwindow_s = 30\n[dedup.topics.noisy]\nwindow_s = 0\n");
+        let d = load(&with_file(&f), env(&[]))
+            .expect("loads")
+            .config
+            .dedup_config();
+        assert_eq!(d.rule(&t("other")), rule(30_000, 100_000));
+        assert_eq!(d.rule(&t("noisy")), None);
+        let c = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_DEDUP_WINDOW_S", "5")]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.dedup_config().rule(&t("x")), rule(5_000, 100_000));
+
+        for (text, key) in [
+            ("[dedup]\nwindow_s = 604801\n", "dedup.window_s"),
+            ("[dedup]\nmax_entries = 0\n", "dedup.max_entries"),
+            ("[dedup]\nmax_entries = 1000001\n", "dedup.max_entries"),
+            (
+                "[dedup.topics.orders]\nwindow_s = 999999999\n",
+                "dedup.topics.orders.window_s",
+            ),
+            (
+                "[dedup.topics.orders]\nmax_entries = 0\n",
+                "dedup.topics.orders.max_entries",
+            ),
+            ("[dedup.topics.\"a b\"]\nwindow_s = 1\n", "dedup.topics.a b"),
+        ] {
+            let f = file(text);
+            match load(&with_file(&f), env(&[])) {
+                Err(ConfigError::Invalid { key: k, why }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(why.contains("must") || why.contains("not a topic"), "{why}");
+                }
+                other => panic!("{text}: expected an error on {key}, got {other:?}"),
+            }
+        }
+        // A misspelt key inside a topic's table is named, not ignored.
+        let f = file("[dedup.topics.orders]\nwindow_secs = 5\n");
+        let err = load(&with_file(&f), env(&[]))
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("window_secs"), "{err}");
+        let err = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_DEDUP_TOPICS", "orders=5")]),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.contains("dedup.topics.NAME"), "{err}");
+    }
+
     /// Goal: TLS and JWT settings come from the file, the environment and the flags like
     /// every other key, and turn authentication (and so the loopback rule) on.
     #[test]

@@ -13,6 +13,7 @@ use super::*;
 use crate::event::{parse_publish, PublishLimits};
 use crate::state::{MemoryDisk, MemoryStore};
 
+mod dedup;
 mod revoke;
 mod topics;
 
