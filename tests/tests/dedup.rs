@@ -149,3 +149,50 @@ fn a_bad_window_stops_serve_naming_the_key() {
         "{err}"
     );
 }
+
+/// Goal: the documented limit on Kafka (DESIGN §8): the window works within one instance's
+/// life, starts empty after a restart (a repeat is appended again), and `serve` says so at
+/// start rather than silently. Method: `Broker::start()` (tansu, or librdkafka's mock
+/// cluster with `UNIMESH_TEST_BROKER=mock`); publish, repeat, restart, repeat; a group
+/// from the earliest offset gets the event twice.
+#[test]
+fn on_kafka_the_window_is_this_instances_and_starts_empty() {
+    let broker = unimesh_tests::kafka::Broker::start();
+    let mut s = Server::start(
+        broker
+            .server_options("dedup", 2)
+            .toml("[dedup.topics.orders]\nwindow_s = 600\n"),
+    );
+    let order = event("k-1", "order.created", json!({ "n": 1 }));
+    let first = results(&s.publish_structured("orders", &order));
+    let again = results(&s.publish_structured("orders", &order));
+    assert_eq!(again[0]["duplicate"], true, "{}", again[0]);
+    assert_eq!(place(&again[0]), place(&first[0]));
+    assert!(
+        s.stderr()
+            .contains("publish deduplication: this log cannot tell"),
+        "serve did not say that the window starts empty"
+    );
+
+    s.terminate();
+    s.restart();
+    let after = results(&s.publish_structured("orders", &order));
+    assert!(
+        after[0].get("duplicate").is_none(),
+        "a Kafka window refilled across a restart: update DESIGN §8 and the README: {}",
+        after[0]
+    );
+    assert_ne!(place(&after[0]), place(&first[0]));
+
+    s.subscribe(
+        "billing",
+        &json!({ "topic": "orders", "ackTimeoutMs": 60000, "startFrom": "earliest" }),
+    );
+    let got = s.poll_n("billing", "c", 2, Duration::from_secs(60));
+    let ids: Vec<&str> = got.iter().map(|d| d.event_id()).collect();
+    assert_eq!(
+        ids,
+        ["k-1", "k-1"],
+        "appended once before and once after the restart"
+    );
+}
