@@ -587,13 +587,20 @@ mod tests {
         assert_eq!(c.rule(&t("noisy")), None);
     }
 
+    /// Every topic deduplicating for a minute; topic `t`.
+    fn shared() -> (std::sync::Arc<Dedup>, TopicName, WindowRule) {
+        let rule = rule(60_000, 100);
+        let config = DedupConfig {
+            default: Some(rule),
+            ..DedupConfig::default()
+        };
+        let dedup = Dedup::new(config).unwrap();
+        (dedup, TopicName::new("t").unwrap(), rule)
+    }
+
     #[tokio::test]
     async fn a_concurrent_repeat_waits_for_the_first_append() {
-        let rule = rule(60_000, 100);
-        let mut config = DedupConfig::default();
-        config.default = Some(rule);
-        let dedup = Dedup::new(config).unwrap();
-        let topic = TopicName::new("t").unwrap();
+        let (dedup, topic, rule) = shared();
         let (slots, first) = dedup.plan(&topic, rule, &[id(1)], || 0).await;
         assert!(matches!(slots[0], Slot::Fresh(_)));
         let second = {
@@ -613,11 +620,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_reservation_lets_the_waiting_repeat_append() {
-        let rule = rule(60_000, 100);
-        let mut config = DedupConfig::default();
-        config.default = Some(rule);
-        let dedup = Dedup::new(config).unwrap();
-        let topic = TopicName::new("t").unwrap();
+        let (dedup, topic, rule) = shared();
         let (_, first) = dedup.plan(&topic, rule, &[id(1)], || 0).await;
         let second = {
             let (dedup, topic) = (dedup.clone(), topic.clone());

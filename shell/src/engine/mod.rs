@@ -43,7 +43,7 @@ pub use api::{
 pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, MemoryLog,
-    RecentAppend, StatePort, StoreAdapter, TopicFacts,
+    RecentAppend, RecentAppends, StatePort, StoreAdapter, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 

@@ -24,6 +24,10 @@ use crate::state::{DlqEntry, Loaded, StateStore, StoreError};
 /// stored bytes).
 pub type RecentAppend = (u64, Partition, Offset, Bytes);
 
+/// What [`LogPort::recent_appends`] found: per topic, its records in the window; `None`
+/// when the log cannot tell.
+pub type RecentAppends = Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, String>>;
+
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// What a fetch found, before decoding.
@@ -258,7 +262,7 @@ pub trait LogPort: Send + Sync + 'static {
     fn recent_appends(
         &self,
         _window_of: &dyn Fn(&TopicName) -> Option<(u64, usize)>,
-    ) -> Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, String>> {
+    ) -> RecentAppends {
         None
     }
 
@@ -426,7 +430,7 @@ impl LogPort for EmbeddedLog {
     fn recent_appends(
         &self,
         window_of: &dyn Fn(&TopicName) -> Option<(u64, usize)>,
-    ) -> Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, String>> {
+    ) -> RecentAppends {
         let mut out = Vec::new();
         for info in self.topics() {
             let Some((since_ms, max)) = window_of(&info.name) else {

@@ -36,6 +36,11 @@ fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Published> {
             )
         })
         .collect();
+    parse_batch(&items)
+}
+
+/// These structured events, parsed as one batch publish.
+fn parse_batch(items: &[String]) -> Vec<crate::event::Published> {
     let body = format!("[{}]", items.join(","));
     let mut headers = HeaderMap::new();
     headers.insert(

@@ -7,12 +7,10 @@ use std::sync::Arc;
 
 use madsim_tokio as tokio;
 
-use http::HeaderMap;
 use unimesh_core::TopicName;
 
 use super::super::dedup::{DedupConfig, WindowRule};
 use super::super::*;
-use crate::event::{parse_publish, PublishLimits};
 use crate::state::{MemoryDisk, MemoryStore};
 
 fn t(s: &str) -> TopicName {
@@ -29,13 +27,16 @@ fn batch(identities: &[(&str, &str)]) -> Vec<crate::event::Published> {
             )
         })
         .collect();
-    let body = format!("[{}]", items.join(","));
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        "content-type",
-        "application/cloudevents-batch+json".parse().unwrap(),
-    );
-    parse_publish(&headers, body.as_bytes(), &PublishLimits::default()).unwrap()
+    super::parse_batch(&items)
+}
+
+/// Publishes a batch of these (source, id) pairs; asserts it is accepted.
+async fn publish(
+    handle: &EngineHandle,
+    topic: &str,
+    identities: &[(&str, &str)],
+) -> Vec<PublishResult> {
+    handle.publish(&t(topic), batch(identities)).await.unwrap()
 }
 
 /// Dedup on `orders` only, a minute long.
@@ -83,10 +84,7 @@ fn places(results: &[PublishResult]) -> Vec<(u32, u64, bool)> {
 async fn a_repeat_is_answered_with_the_first_place_and_not_appended() {
     let log = Arc::new(MemoryLog::new(2));
     let handle = boot(Arc::new(log.clone())).await;
-    let first = handle
-        .publish(&t("orders"), batch(&[("/a", "1"), ("/a", "2")]))
-        .await
-        .unwrap();
+    let first = publish(&handle, "orders", &[("/a", "1"), ("/a", "2")]).await;
     assert!(first.iter().all(|r| !r.duplicate));
     assert_eq!(stored(&log, "orders"), 2);
 
@@ -124,10 +122,7 @@ async fn a_topic_without_a_window_appends_every_repeat() {
     let log = Arc::new(MemoryLog::new(2));
     let handle = boot(Arc::new(log.clone())).await;
     for _ in 0..2 {
-        let r = handle
-            .publish(&t("other"), batch(&[("/a", "1")]))
-            .await
-            .unwrap();
+        let r = publish(&handle, "other", &[("/a", "1")]).await;
         assert!(!r[0].duplicate);
     }
     assert_eq!(stored(&log, "other"), 2);
@@ -146,10 +141,7 @@ async fn a_failed_publish_is_not_remembered_and_its_retry_appends() {
         .unwrap_err();
     assert!(matches!(err, EngineError::Unavailable(_)), "{err:?}");
     log.set_fault(None);
-    let r = handle
-        .publish(&t("orders"), batch(&[("/a", "1")]))
-        .await
-        .unwrap();
+    let r = publish(&handle, "orders", &[("/a", "1")]).await;
     assert!(!r[0].duplicate);
     assert_eq!(stored(&log, "orders"), 1);
 }
@@ -234,17 +226,11 @@ async fn concurrent_repeats_append_once() {
 async fn a_log_without_append_times_starts_each_window_empty() {
     let log = Arc::new(MemoryLog::new(2));
     let handle = boot(Arc::new(log.clone())).await;
-    handle
-        .publish(&t("orders"), batch(&[("/a", "1")]))
-        .await
-        .unwrap();
+    publish(&handle, "orders", &[("/a", "1")]).await;
     handle.shutdown().await.unwrap();
     assert!(LogPort::recent_appends(&log, &|_| Some((0, 10))).is_none());
     let handle = boot(Arc::new(log.clone())).await;
-    let r = handle
-        .publish(&t("orders"), batch(&[("/a", "1")]))
-        .await
-        .unwrap();
+    let r = publish(&handle, "orders", &[("/a", "1")]).await;
     assert!(!r[0].duplicate);
     assert_eq!(stored(&log, "orders"), 2);
 }
@@ -258,17 +244,11 @@ async fn the_embedded_log_refills_the_window_at_restart() {
     let dir = tempfile::tempdir().unwrap();
     let log = crate::log::EmbeddedLog::open(crate::log::LogConfig::new(dir.path())).unwrap();
     let handle = boot(Arc::new(log.clone())).await;
-    let first = handle
-        .publish(&t("orders"), batch(&[("/a", "1"), ("/a", "2")]))
-        .await
-        .unwrap();
+    let first = publish(&handle, "orders", &[("/a", "1"), ("/a", "2")]).await;
     handle.shutdown().await.unwrap();
 
     let handle = boot(Arc::new(log.clone())).await;
-    let again = handle
-        .publish(&t("orders"), batch(&[("/a", "2"), ("/a", "3")]))
-        .await
-        .unwrap();
+    let again = publish(&handle, "orders", &[("/a", "2"), ("/a", "3")]).await;
     assert_eq!(
         (again[0].partition, again[0].offset, again[0].duplicate),
         (first[1].partition, first[1].offset, true)
@@ -295,16 +275,10 @@ async fn the_refill_leaves_out_what_is_older_than_the_window() {
     cfg.clock = Arc::new(HourAgo);
     let log = crate::log::EmbeddedLog::open(cfg).unwrap();
     let handle = boot(Arc::new(log.clone())).await;
-    handle
-        .publish(&t("orders"), batch(&[("/a", "1")]))
-        .await
-        .unwrap();
+    publish(&handle, "orders", &[("/a", "1")]).await;
     handle.shutdown().await.unwrap();
     let handle = boot(Arc::new(log.clone())).await;
-    let r = handle
-        .publish(&t("orders"), batch(&[("/a", "1")]))
-        .await
-        .unwrap();
+    let r = publish(&handle, "orders", &[("/a", "1")]).await;
     assert!(
         !r[0].duplicate,
         "an hour-old publish was kept by a one-minute window"
