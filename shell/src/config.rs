@@ -90,8 +90,48 @@ pub struct Config {
     pub engine: Engine,
     pub mesh: Mesh,
     pub kafka: Kafka,
+    /// Publish deduplication (off by default).
+    pub dedup: Dedup,
     /// Bearer tokens and rights (see `config::auth`); none: auth is off.
     pub auth: Auth,
+}
+
+/// The free-name table of per-topic dedup windows, `[dedup.topics.NAME]`.
+pub const DEDUP_TOPICS_KEY: &str = "dedup.topics";
+
+/// `[dedup]`: a window per topic in which a repeated CloudEvents identity (`source`, `id`)
+/// is answered as accepted (with the first publish's partition and offset, and
+/// `"duplicate": true`) without being appended again. Off unless a window is set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dedup {
+    /// The window of every topic not named in `topics`, in seconds; 0: off.
+    pub window_s: u64,
+    /// The most identities one topic's window keeps (the oldest go first).
+    pub max_entries: usize,
+    /// Per topic, `[dedup.topics.NAME]`: `window_s` (0 turns it off for that topic) and
+    /// `max_entries`, each defaulting to the values above.
+    pub topics: BTreeMap<String, TopicDedup>,
+}
+
+/// `[dedup.topics.NAME]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicDedup {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<usize>,
+}
+
+impl Default for Dedup {
+    fn default() -> Self {
+        Self {
+            window_s: 0,
+            max_entries: 100_000,
+            topics: BTreeMap::new(),
+        }
+    }
 }
 
 /// Bounds on what one HTTP request may ask for. Every one is checked before work is done.
@@ -478,6 +518,7 @@ impl Default for Config {
             engine: Engine::from(&crate::engine::EngineConfig::default()),
             mesh: Mesh::from(&MeshConfig::default()),
             kafka: Kafka::default(),
+            dedup: Dedup::default(),
             auth: Auth::default(),
         }
     }
@@ -612,6 +653,35 @@ impl Config {
             command_capacity: self.engine.command_capacity,
             max_rate_rules: self.engine.max_rate_rules,
             retention_interval_ms: if retains { s.retention_check_ms } else { 0 },
+            dedup: self.dedup_config(),
+        }
+    }
+
+    /// The publish dedup windows. Call after [`Config::validate`] (names and bounds are
+    /// checked there; a topic name that is not one is left out here).
+    pub fn dedup_config(&self) -> crate::engine::dedup::DedupConfig {
+        use crate::engine::dedup::{DedupConfig, WindowRule};
+        let d = &self.dedup;
+        let rule = |window_s: u64, max_entries: usize| {
+            (window_s > 0).then_some(WindowRule {
+                window_ms: window_s.saturating_mul(1_000),
+                max_entries,
+            })
+        };
+        DedupConfig {
+            default: rule(d.window_s, d.max_entries),
+            topics: d
+                .topics
+                .iter()
+                .filter_map(|(name, t)| {
+                    let name = unimesh_core::TopicName::new(name).ok()?;
+                    let r = rule(
+                        t.window_s.unwrap_or(d.window_s),
+                        t.max_entries.unwrap_or(d.max_entries),
+                    );
+                    Some((name, r))
+                })
+                .collect(),
         }
     }
 
@@ -684,6 +754,44 @@ impl Config {
             .into_iter()
             .filter(|a| !a.ip().is_loopback())
             .collect()
+    }
+
+    /// `[dedup]`: every window and entry bound in range, every topic a topic name.
+    fn validate_dedup(&self) -> Result<(), ConfigError> {
+        use crate::engine::dedup::{MAX_ENTRIES, MAX_WINDOW_MS};
+        let bad = |key: String, why: String| Err(ConfigError::Invalid { key, why });
+        let max_window_s = MAX_WINDOW_MS / 1_000;
+        let window = |key: String, v: u64| {
+            if v > max_window_s {
+                return bad(
+                    key,
+                    format!("is {v}: must be between 0 (off) and {max_window_s} seconds (a week)"),
+                );
+            }
+            Ok(())
+        };
+        let entries = |key: String, v: usize| {
+            if v == 0 || v > MAX_ENTRIES {
+                return bad(key, format!("is {v}: must be between 1 and {MAX_ENTRIES}"));
+            }
+            Ok(())
+        };
+        let d = &self.dedup;
+        window("dedup.window_s".into(), d.window_s)?;
+        entries("dedup.max_entries".into(), d.max_entries)?;
+        for (name, t) in &d.topics {
+            let key = |k: &str| format!("{DEDUP_TOPICS_KEY}.{name}{k}");
+            if let Err(e) = unimesh_core::TopicName::new(name) {
+                return bad(key(""), format!("is not a topic name: {e}"));
+            }
+            if let Some(v) = t.window_s {
+                window(key(".window_s"), v)?;
+            }
+            if let Some(v) = t.max_entries {
+                entries(key(".max_entries"), v)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -881,6 +989,7 @@ impl Config {
                 format!("must be at most {}", crate::log::MAX_READ_CACHE_BYTES),
             );
         }
+        self.validate_dedup()?;
         let k = &self.kafka;
         if s.backend == StorageBackend::Kafka {
             if k.brokers.split(',').all(|b| b.trim().is_empty()) {
@@ -1137,7 +1246,11 @@ fn merge_file(base: &mut Table, file: Table, path: &Path, prefix: &str) -> Resul
         let origin = || format!("config file {}", path.display());
         match (slot, value) {
             // Free names, each a table checked when the whole is deserialised.
-            (Value::Table(sub), Value::Table(v)) if full == auth::IDENTITIES_KEY => *sub = v,
+            (Value::Table(sub), Value::Table(v))
+                if full == auth::IDENTITIES_KEY || full == DEDUP_TOPICS_KEY =>
+            {
+                *sub = v
+            }
             (Value::Table(sub), Value::Table(v)) if is_property_table(&full) => {
                 for (name, v) in v {
                     let text = match v {
@@ -1205,7 +1318,11 @@ fn leaf_keys(table: &Table, prefix: &str, out: &mut Vec<String>) {
             format!("{prefix}.{key}")
         };
         match value {
-            Value::Table(_) if is_property_table(&full) || full == auth::IDENTITIES_KEY => {
+            Value::Table(_)
+                if is_property_table(&full)
+                    || full == auth::IDENTITIES_KEY
+                    || full == DEDUP_TOPICS_KEY =>
+            {
                 out.push(full)
             }
             Value::Table(sub) => leaf_keys(sub, &full, out),
@@ -1281,6 +1398,11 @@ fn set_from_text(
                 Value::Table(_) if key == auth::IDENTITIES_KEY => {
                     return Err(wrong(
                         "nothing: identities are set in the file ([auth.identities.NAME])",
+                    ))
+                }
+                Value::Table(_) if key == DEDUP_TOPICS_KEY => {
+                    return Err(wrong(
+                        "nothing: per-topic windows are set in the file ([dedup.topics.NAME])",
                     ))
                 }
                 // Laid over the file's table property by property.
@@ -1643,6 +1765,86 @@ mod tests {
                 other => panic!("{text}: expected an error on {key}, got {other:?}"),
             }
         }
+    }
+
+    /// Goal: publish dedup is off by default, set for every topic or per topic (a topic's
+    /// table inheriting what it leaves out, `window_s = 0` turning it off), and every bad
+    /// window, bound or name refused naming its key. Method: load files and read the
+    /// engine's dedup configuration.
+    #[test]
+    fn dedup_windows_load_per_topic_and_bad_ones_are_named() {
+        use crate::engine::dedup::WindowRule;
+        let t = |s: &str| unimesh_core::TopicName::new(s).unwrap();
+        assert!(!Config::default().dedup_config().enabled());
+        let f = file(
+            "[dedup]\nmax_entries = 500\n\n[dedup.topics.orders]\nwindow_s = 600\n\n\
+             [dedup.topics.\"audit.log\"]\nwindow_s = 60\nmax_entries = 7\n",
+        );
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        let d = c.dedup_config();
+        assert_eq!(d.default, None, "window_s = 0 leaves the other topics off");
+        let rule = |window_ms, max_entries| {
+            Some(WindowRule {
+                window_ms,
+                max_entries,
+            })
+        };
+        assert_eq!(d.rule(&t("orders")), rule(600_000, 500));
+        assert_eq!(d.rule(&t("audit.log")), rule(60_000, 7));
+        assert_eq!(d.rule(&t("other")), None);
+        assert_eq!(c.engine_config().dedup, d);
+
+        let f = file("[dedup]\nwindow_s = 30\n[dedup.topics.noisy]\nwindow_s = 0\n");
+        let d = load(&with_file(&f), env(&[]))
+            .expect("loads")
+            .config
+            .dedup_config();
+        assert_eq!(d.rule(&t("other")), rule(30_000, 100_000));
+        assert_eq!(d.rule(&t("noisy")), None);
+        let c = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_DEDUP_WINDOW_S", "5")]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.dedup_config().rule(&t("x")), rule(5_000, 100_000));
+
+        for (text, key) in [
+            ("[dedup]\nwindow_s = 604801\n", "dedup.window_s"),
+            ("[dedup]\nmax_entries = 0\n", "dedup.max_entries"),
+            ("[dedup]\nmax_entries = 1000001\n", "dedup.max_entries"),
+            (
+                "[dedup.topics.orders]\nwindow_s = 999999999\n",
+                "dedup.topics.orders.window_s",
+            ),
+            (
+                "[dedup.topics.orders]\nmax_entries = 0\n",
+                "dedup.topics.orders.max_entries",
+            ),
+            ("[dedup.topics.\"a b\"]\nwindow_s = 1\n", "dedup.topics.a b"),
+        ] {
+            let f = file(text);
+            match load(&with_file(&f), env(&[])) {
+                Err(ConfigError::Invalid { key: k, why }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(why.contains("must") || why.contains("not a topic"), "{why}");
+                }
+                other => panic!("{text}: expected an error on {key}, got {other:?}"),
+            }
+        }
+        // A misspelt key inside a topic's table is named, not ignored.
+        let f = file("[dedup.topics.orders]\nwindow_secs = 5\n");
+        let err = load(&with_file(&f), env(&[]))
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("window_secs"), "{err}");
+        let err = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_DEDUP_TOPICS", "orders=5")]),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.contains("dedup.topics.NAME"), "{err}");
     }
 
     /// Goal: TLS and JWT settings come from the file, the environment and the flags like

@@ -140,6 +140,9 @@ pub struct PublishResult {
     pub id: String,
     pub partition: Partition,
     pub offset: Offset,
+    /// Answered from the topic's dedup window: not appended again; `partition` and
+    /// `offset` are those of the first publish of its (`source`, `id`).
+    pub duplicate: bool,
 }
 
 /// Engine-wide counters and flags shared with the handle (metrics, health).

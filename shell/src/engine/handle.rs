@@ -18,6 +18,7 @@ use super::api::{
     SubscriptionInfo,
 };
 use super::command::{Command, Reply};
+use super::dedup::{Dedup, Identity, Slot, WindowRule};
 use super::ports::{AppendError, LogPort, StatePort};
 use super::records::decode_record;
 use super::stream::Stream;
@@ -32,6 +33,9 @@ pub struct EngineHandle {
     pub(crate) limiter: Arc<Mutex<RateLimiter>>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) start: Instant,
+    /// The publish dedup windows; `None` when no topic has one (the publish path then
+    /// never looks).
+    pub(crate) dedup: Option<Arc<Dedup>>,
 }
 
 impl EngineHandle {
@@ -109,9 +113,90 @@ impl EngineHandle {
                 }
             }
         }
+        if let Some(dedup) = &self.dedup {
+            if let Some(rule) = dedup.config().rule(topic) {
+                return self.publish_deduplicated(dedup, rule, topic, events).await;
+            }
+        }
         let ids: Vec<String> = events.iter().map(|e| e.id().to_owned()).collect();
-        let items = events
+        let placed = self.append(topic, events.iter()).await?;
+        Ok(ids
+            .into_iter()
+            .zip(placed)
+            .map(|(id, (partition, offset))| PublishResult {
+                id,
+                partition,
+                offset,
+                duplicate: false,
+            })
+            .collect())
+    }
+
+    /// A publish to a topic with a dedup window (DESIGN §8): the events whose identity the
+    /// window holds are answered with the first one's place, the others appended (waiting
+    /// first while another request appends one of the same identities).
+    async fn publish_deduplicated(
+        &self,
+        dedup: &Arc<Dedup>,
+        rule: WindowRule,
+        topic: &TopicName,
+        events: Vec<crate::event::Published>,
+    ) -> Result<Vec<PublishResult>, EngineError> {
+        use cloudevents::AttributesReader as _;
+        let identities: Vec<Identity> = events
             .iter()
+            .map(|e| Identity::of(e.event().source().as_str(), e.id()))
+            .collect();
+        let (slots, reserved) = dedup
+            .plan(topic, rule, &identities, super::persist::wall_ms)
+            .await;
+        let fresh = events
+            .iter()
+            .zip(&slots)
+            .filter(|(_, slot)| matches!(slot, Slot::Fresh(_)))
+            .map(|(e, _)| e);
+        // On failure `reserved` is dropped, and the window forgets the fresh identities.
+        let placed = if slots.iter().any(|s| matches!(s, Slot::Fresh(_))) {
+            self.append(topic, fresh).await?
+        } else {
+            Vec::new()
+        };
+        reserved.appended(&placed);
+        let mut placed = placed.into_iter();
+        let mut results: Vec<PublishResult> = Vec::with_capacity(events.len());
+        for (event, slot) in events.iter().zip(slots) {
+            let (partition, offset, duplicate) = match slot {
+                Slot::Fresh(_) => {
+                    let (p, o) = placed.next().ok_or_else(|| {
+                        EngineError::Unavailable("the log answered fewer places than events".into())
+                    })?;
+                    (p, o, false)
+                }
+                Slot::Duplicate(p, o) => (p, o, true),
+                Slot::SameAs(earlier) => {
+                    let first = results.get(earlier).ok_or_else(|| {
+                        EngineError::Unavailable("a repeat names no earlier event".into())
+                    })?;
+                    (first.partition, first.offset, true)
+                }
+            };
+            results.push(PublishResult {
+                id: event.id().to_owned(),
+                partition,
+                offset,
+                duplicate,
+            });
+        }
+        Ok(results)
+    }
+
+    /// Appends the events durably; (partition, offset) of each, in order.
+    async fn append<'a>(
+        &self,
+        topic: &TopicName,
+        events: impl Iterator<Item = &'a crate::event::Published>,
+    ) -> Result<Vec<(Partition, Offset)>, EngineError> {
+        let items = events
             .map(|e| AppendItem {
                 key: crate::event::partition_key(e.event()),
                 value: e.stored(),
@@ -126,17 +211,9 @@ impl EngineHandle {
                 AppendError::Invalid(m) => EngineError::BadRequest(m),
                 AppendError::Unavailable(m) => EngineError::Unavailable(m),
             })?;
-        // The end offsets (lag) moved.
+        // The end offsets (lag) moved: the console's feed may send a snapshot.
         self.shared.changed.notify_one();
-        Ok(ids
-            .into_iter()
-            .zip(placed)
-            .map(|(id, (partition, offset))| PublishResult {
-                id,
-                partition,
-                offset,
-            })
-            .collect())
+        Ok(placed)
     }
 
     /// Creates (true) or updates (false) a group; answers once its definition is durable.

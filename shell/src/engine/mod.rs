@@ -8,11 +8,13 @@
 //! The rooms: `api` (errors and views, what callers get back), `command` (the task's
 //! messages), `handle` (the front door), `task` (the owner of the mesh), `persist` (the
 //! persist writer), `records` (stored bytes as core records), `ports` (storage traits and
-//! in-memory ports), `tap` (an observer of the task, for the madsim harness). `handle` and
+//! in-memory ports), `tap` (an observer of the task, for the madsim harness), `dedup` (the
+//! publish deduplication windows, used by the handle only). `handle` and
 //! `task` share only `api` and `command`.
 
 mod api;
 mod command;
+pub mod dedup;
 mod handle;
 mod persist;
 pub mod ports;
@@ -41,7 +43,7 @@ pub use api::{
 pub use handle::EngineHandle;
 pub use ports::{
     AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, MemoryLog,
-    StatePort, StoreAdapter, TopicFacts,
+    RecentAppend, RecentAppends, StatePort, StoreAdapter, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -82,6 +84,8 @@ pub struct EngineConfig {
     pub max_rate_rules: usize,
     /// How often retention runs (0: never).
     pub retention_interval_ms: u64,
+    /// Publish deduplication (off unless some topic has a window).
+    pub dedup: dedup::DedupConfig,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +97,7 @@ impl Default for EngineConfig {
             command_capacity: 4_096,
             max_rate_rules: 10_000,
             retention_interval_ms: 60_000,
+            dedup: dedup::DedupConfig::default(),
         }
     }
 }
@@ -132,6 +137,10 @@ pub async fn start_observed(
         if let Err(e) = limiter.set_rule(0, topic.clone(), rule) {
             tracing::warn!(%topic, error = %e, "stored rate rule ignored");
         }
+    }
+    let dedup = dedup::Dedup::new(config.dedup.clone());
+    if let Some(dedup) = &dedup {
+        restore_dedup(dedup, &log).await;
     }
     let shared = Arc::new(Shared::default());
     shared.healthy.store(true, AtomicOrdering::Relaxed);
@@ -200,7 +209,64 @@ pub async fn start_observed(
             limiter: Arc::new(Mutex::new(limiter)),
             shared,
             start,
+            dedup,
         },
         join,
     ))
+}
+
+/// Refills the publish dedup windows from the log's newest records, when the log can tell
+/// when they were appended (the embedded log). Bounded: at most `max_entries` records per
+/// partition of each deduplicating topic are read, none older than its window. A log that
+/// cannot tell (Kafka) leaves the windows empty, which is said once (DESIGN §8); a failed
+/// read is said and leaves that much empty too: the mesh still starts.
+async fn restore_dedup(dedup: &Arc<dedup::Dedup>, log: &Arc<dyn LogPort>) {
+    let now_ms = persist::wall_ms();
+    let found = {
+        let (log, config) = (log.clone(), dedup.config().clone());
+        spawn_blocking(move || {
+            log.recent_appends(&|topic| {
+                config
+                    .rule(topic)
+                    .map(|r| (now_ms.saturating_sub(r.window_ms), r.max_entries))
+            })
+        })
+        .await
+    };
+    let topics = match found {
+        Ok(Some(Ok(topics))) => topics,
+        Ok(None) => {
+            tracing::warn!(
+                "publish deduplication: this log cannot tell when its records were appended, \
+                 so each window starts empty and holds only what this instance accepted \
+                 since it started (a repeat after a restart, or sent to another instance, \
+                 is appended again)"
+            );
+            return;
+        }
+        Ok(Some(Err(e))) => {
+            tracing::warn!(error = %e, "publish deduplication: the log's newest records could not be read; the windows start empty");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "publish deduplication: the restoring task failed; the windows start empty");
+            return;
+        }
+    };
+    for (topic, records) in topics {
+        let found: Vec<_> = records
+            .into_iter()
+            .filter_map(|(at, partition, offset, stored)| {
+                // A record the mesh did not write, or cannot read, has no identity to keep.
+                let meta = crate::event::decode_stored(&stored).ok()?;
+                Some((
+                    at,
+                    dedup::Identity::of(&meta.source, &meta.id),
+                    (partition, offset),
+                ))
+            })
+            .collect();
+        let kept = dedup.restore(&topic, now_ms, found);
+        tracing::info!(%topic, kept, "publish deduplication window restored from the log");
+    }
 }

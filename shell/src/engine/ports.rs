@@ -20,6 +20,14 @@ use crate::log::AppendItem;
 use crate::log::{EmbeddedLog, LogError, ReadResult};
 use crate::state::{DlqEntry, Loaded, StateStore, StoreError};
 
+/// A record found by [`LogPort::recent_appends`]: (append wall ms, partition, offset, the
+/// stored bytes).
+pub type RecentAppend = (u64, Partition, Offset, Bytes);
+
+/// What [`LogPort::recent_appends`] found: per topic, its records in the window; `None`
+/// when the log cannot tell.
+pub type RecentAppends = Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, String>>;
+
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// What a fetch found, before decoding.
@@ -265,6 +273,18 @@ pub trait LogPort: Send + Sync + 'static {
         None
     }
 
+    /// For the publish dedup windows, refilled at start (DESIGN §8): each topic this log
+    /// holds for which `window_of` answers (appended since ms, most records per partition),
+    /// with those of its records, newest first per partition. `None`: this log cannot tell
+    /// when its records were appended, and the windows start empty. Blocking: called once,
+    /// off the async workers.
+    fn recent_appends(
+        &self,
+        _window_of: &dyn Fn(&TopicName) -> Option<(u64, usize)>,
+    ) -> RecentAppends {
+        None
+    }
+
     /// Stops every consumer (revoking what they hold, so the progress is committed); called
     /// once at shutdown, after the engine flushed.
     fn close(&self) -> BoxFut<()> {
@@ -441,6 +461,31 @@ impl LogPort for EmbeddedLog {
             tracing::warn!(%topic, partition, %error, "retention failed for a partition");
         }
         Ok(report.truncated.len())
+    }
+
+    fn recent_appends(
+        &self,
+        window_of: &dyn Fn(&TopicName) -> Option<(u64, usize)>,
+    ) -> RecentAppends {
+        let mut out = Vec::new();
+        for info in self.topics() {
+            let Some((since_ms, max)) = window_of(&info.name) else {
+                continue;
+            };
+            let mut records = Vec::new();
+            for partition in 0..info.partitions {
+                match self.appended_since(&info.name, partition, since_ms, max) {
+                    Ok(found) => records.extend(
+                        found
+                            .into_iter()
+                            .map(|(at, offset, bytes)| (at, partition, offset, bytes)),
+                    ),
+                    Err(e) => return Some(Err(format!("{}/{partition}: {e}", info.name))),
+                }
+            }
+            out.push((info.name, records));
+        }
+        Some(Ok(out))
     }
 
     fn fault(&self) -> Option<String> {

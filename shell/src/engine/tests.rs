@@ -13,6 +13,7 @@ use super::*;
 use crate::event::{parse_publish, PublishLimits};
 use crate::state::{MemoryDisk, MemoryStore};
 
+mod dedup;
 mod revoke;
 mod topics;
 
@@ -35,6 +36,11 @@ fn events(n: usize, key: Option<&str>) -> Vec<crate::event::Published> {
             )
         })
         .collect();
+    parse_batch(&items)
+}
+
+/// These structured events, parsed as one batch publish.
+fn parse_batch(items: &[String]) -> Vec<crate::event::Published> {
     let body = format!("[{}]", items.join(","));
     let mut headers = HeaderMap::new();
     headers.insert(

@@ -3,7 +3,8 @@
 //!
 //! Two kinds of numbers:
 //! - what the HTTP layer sees itself, kept in the registry as it happens:
-//!   `unimesh_published_total{topic}`, `unimesh_publish_latency_seconds`,
+//!   `unimesh_published_total{topic}`, `unimesh_publish_duplicates_total{topic}`,
+//!   `unimesh_publish_latency_seconds`,
 //!   `unimesh_http_request_duration_seconds{route}`, `unimesh_auth_refused_total{reason}`;
 //! - what the engine knows, read from [`EngineHandle::metrics_snapshot`] at scrape time (a
 //!   collector encodes the snapshot taken for that scrape): `unimesh_delivered_total{group}`,
@@ -59,6 +60,7 @@ type LaneOf = fn(&OffsetRow) -> u64;
 pub struct Metrics {
     registry: Registry,
     published: Family<Labels, Counter>,
+    publish_duplicates: Family<Labels, Counter>,
     publish_latency: Histogram,
     request_duration: Family<Labels, Histogram>,
     late_replies: Counter,
@@ -86,8 +88,14 @@ impl Metrics {
         let published = Family::<Labels, Counter>::default();
         registry.register(
             "unimesh_published",
-            "Events accepted by publish requests, per topic",
+            "Events appended by publish requests, per topic (repeats answered from a dedup window are counted apart)",
             published.clone(),
+        );
+        let publish_duplicates = Family::<Labels, Counter>::default();
+        registry.register(
+            "unimesh_publish_duplicates",
+            "Events answered from the topic's dedup window (a (source, id) published before), not appended again, per topic",
+            publish_duplicates.clone(),
         );
         let publish_latency = Histogram::new(latency_buckets());
         registry.register(
@@ -127,6 +135,7 @@ impl Metrics {
         Self {
             registry,
             published,
+            publish_duplicates,
             publish_latency,
             request_duration,
             late_replies,
@@ -139,6 +148,12 @@ impl Metrics {
 
     pub fn published(&self, topic: &TopicName, events: u64) {
         self.published
+            .get_or_create(&vec![("topic", topic.as_str().to_owned())])
+            .inc_by(events);
+    }
+
+    pub fn publish_duplicates(&self, topic: &TopicName, events: u64) {
+        self.publish_duplicates
             .get_or_create(&vec![("topic", topic.as_str().to_owned())])
             .inc_by(events);
     }

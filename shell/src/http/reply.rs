@@ -170,6 +170,8 @@ pub fn replies_among(
     events
         .iter()
         .zip(placed)
+        // A repeat answered from the dedup window was offered when it was first published.
+        .filter(|(_, r)| !r.duplicate)
         .filter_map(|(e, r)| {
             let corr = correlation_of(e.event())?;
             let json = delivery_event_json(&e.stored(), r.partition, r.offset).ok()?;
@@ -260,11 +262,17 @@ pub(super) async fn request(
     event.set_extension(REPLY_TO_EXTENSION, reply_topic.as_str().to_owned());
     let key = (reply_topic, corr);
     let waiting = app.replies.register(key.clone())?;
-    if let Err(e) = app.engine.publish(&topic, events).await {
-        app.replies.forget(&key, false);
-        return Err(e.into());
+    match app.engine.publish(&topic, events).await {
+        // A repeat within the topic's dedup window is not published again (DESIGN §8).
+        Ok(results) if results.iter().any(|r| r.duplicate) => {
+            app.metrics.publish_duplicates(&topic, 1)
+        }
+        Ok(_) => app.metrics.published(&topic, 1),
+        Err(e) => {
+            app.replies.forget(&key, false);
+            return Err(e.into());
+        }
     }
-    app.metrics.published(&topic, 1);
     match tokio::time::timeout(Duration::from_millis(timeout_ms), waiting).await {
         Ok(Ok(reply)) => Ok((
             [(http::header::CONTENT_TYPE, "application/json")],

@@ -42,6 +42,12 @@ struct PublishResultView {
     id: String,
     partition: u32,
     offset: u64,
+    /// Present (and true) only when the topic's dedup window already held the event's
+    /// (`source`, `id`): it was not appended again, and `partition`/`offset` are those of
+    /// its first publish.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    duplicate: bool,
 }
 
 /// Publish events (binary, structured or batch mode); answered once they are durable.
@@ -92,12 +98,16 @@ pub(super) async fn publish(
     publish_mode(&headers)?;
     let bytes = read_body(&app.limits, body, &headers, app.publish.max_request_bytes).await?;
     let events = parse_publish(&headers, &bytes, &app.publish)?;
-    let count = events.len() as u64;
     // Only while a request/reply request waits (or timed out lately) are the events kept
     // to be offered as replies.
     let offered = app.replies.interested().then(|| events.clone());
     let results: Vec<PublishResult> = app.engine.publish(&topic, events).await?;
-    app.metrics.published(&topic, count);
+    let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
+    app.metrics
+        .published(&topic, results.len() as u64 - duplicates);
+    if duplicates > 0 {
+        app.metrics.publish_duplicates(&topic, duplicates);
+    }
     if let Some(events) = offered {
         let replies = super::reply::replies_among(&events, &results);
         if !replies.is_empty() {
@@ -113,6 +123,7 @@ pub(super) async fn publish(
                 id: r.id,
                 partition: r.partition,
                 offset: r.offset,
+                duplicate: r.duplicate,
             })
             .collect(),
     }))

@@ -971,6 +971,52 @@ impl EmbeddedLog {
         })
     }
 
+    /// The newest records of a partition appended at or after `since_ms` (the log's wall
+    /// clock), at most `max`, newest first, as (append ms, offset, payload): read backwards
+    /// from the end, stopping at the first older record (append times are non-decreasing
+    /// per partition). For the publish dedup window, refilled at start (DESIGN §8).
+    pub fn appended_since(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+        since_ms: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Offset, Bytes)>, LogError> {
+        let state = self
+            .topic_state(topic)
+            .ok_or_else(|| LogError::UnknownTopic(topic.clone()))?;
+        let part = state.partition(partition)?;
+        let (earliest, end) = (part.earliest(), part.end());
+        let mut out = Vec::new();
+        if end == earliest || max == 0 {
+            return Ok(out);
+        }
+        let db = &self.inner.shared.db;
+        let cf = records_cf(db)?;
+        let prefix_len = codec::partition_prefix(topic, partition).len();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(codec::record_key(topic, partition, earliest));
+        opts.set_iterate_upper_bound(codec::record_key(topic, partition, end));
+        let mut it = db.raw_iterator_cf_opt(&cf, opts);
+        it.seek_to_last();
+        while let Some((key, value)) = it.item() {
+            if out.len() >= max {
+                break;
+            }
+            let offset = codec::record_key_offset(key, prefix_len)
+                .map_err(|e| e.at(topic, partition, end))?;
+            let (header, payload) =
+                codec::decode_record(value).map_err(|e| e.at(topic, partition, offset))?;
+            if header.append_ms < since_ms {
+                break;
+            }
+            out.push((header.append_ms, offset, Bytes::copy_from_slice(payload)));
+            it.prev();
+        }
+        it.status().map_err(LogError::storage)?;
+        Ok(out)
+    }
+
     /// (earliest, end) of a partition: the records present are `earliest..end`.
     pub fn offsets(
         &self,

@@ -1131,3 +1131,60 @@ async fn retention_deletes_the_index_entries_of_the_seconds_it_deleted() {
     assert_eq!(log.offset_for_time(&t, 0, 0).unwrap(), 5);
     assert_eq!(log.offset_for_time(&t, 0, 21_001).unwrap(), 6);
 }
+
+/// Goal: `appended_since` (the refill of the publish dedup window at start) reads a
+/// partition backwards from its end, newest first, stopping at the first record older than
+/// asked, at `max`, and at the earliest retained record — after a reopen too. Method: a
+/// hand-moved clock stamps three generations of records; retention deletes the oldest.
+#[tokio::test]
+async fn appended_since_reads_the_newest_back_to_a_time_and_a_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::default());
+    let t = topic("recent");
+    {
+        let log = EmbeddedLog::open(clocked(dir.path(), &clock)).unwrap();
+        log.create_topic(&t, 1).unwrap();
+        assert!(log.appended_since(&t, 0, 0, 10).unwrap().is_empty());
+        for (at, n) in [(1_000, 3), (2_000, 2), (3_000, 2)] {
+            clock.set(at);
+            log.append(
+                &t,
+                (0..n).map(|i| item(None, format!("{at}-{i}"))).collect(),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let log = EmbeddedLog::open(clocked(dir.path(), &clock)).unwrap();
+    let got = |since, max| -> Vec<(u64, Offset)> {
+        log.appended_since(&t, 0, since, max)
+            .unwrap()
+            .into_iter()
+            .map(|(at, o, _)| (at, o))
+            .collect()
+    };
+    assert_eq!(
+        got(2_000, 100),
+        [(3_000, 6), (3_000, 5), (2_000, 4), (2_000, 3)]
+    );
+    assert_eq!(got(0, 3), [(3_000, 6), (3_000, 5), (2_000, 4)]);
+    assert_eq!(got(3_001, 100), []);
+    let (_, o, payload) = log.appended_since(&t, 0, 0, 1).unwrap().remove(0);
+    assert_eq!((o, payload), (6, Bytes::from("3000-1")));
+    let mut cfg = clocked(dir.path(), &clock);
+    cfg.retention_ms = Some(1_500);
+    drop(log);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    log.enforce_retention(3_000).unwrap();
+    let all: Vec<Offset> = log
+        .appended_since(&t, 0, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(all, [6, 5, 4, 3], "retention's deletions are not read back");
+    assert!(matches!(
+        log.appended_since(&topic("nope"), 0, 0, 1),
+        Err(LogError::UnknownTopic(_))
+    ));
+}
