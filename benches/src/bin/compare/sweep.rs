@@ -96,7 +96,6 @@ pub fn run(a: &Args, dims: &str, machine: &Machine) {
             points.push(p);
         }
     }
-    let memory = (all || wanted.contains(&"memory")).then(|| memory(a));
     let after = Machine::now();
     println!(
         "sweep: load average before {:.2}, after {:.2}",
@@ -108,6 +107,7 @@ pub fn run(a: &Args, dims: &str, machine: &Machine) {
             Err(e) => eprintln!("sweep: no plot: {e}"),
         }
     }
+    let memory = (all || wanted.contains(&"memory")).then(|| memory(a));
     if let Some(path) = &a.json {
         let doc = json!({
             "machine": machine.to_json(), "load_average_after": after.load1,
@@ -200,8 +200,8 @@ fn settled_rss(s: &Server) -> u64 {
 }
 
 /// Memory per idle subscription (RSS with 0, 1 000 and 4 000 groups on one topic, no
-/// client) and per delivery in flight (RSS after publishing N events, and again once a
-/// client holds all N un-ACKed).
+/// client) and per delivery in flight (RSS after publishing 40 000 events on 16
+/// partitions, and again once four clients hold all of them un-ACKed).
 fn memory(a: &Args) -> Value {
     let storage = Storage::Embedded {
         sync_interval_ms: None,
@@ -226,11 +226,15 @@ fn memory(a: &Args) -> Value {
     }
     drop(s);
 
-    let s = unimesh::start(a.partitions, &storage, "memory");
-    let n: u64 = 50_000;
+    // Four clients holding the most one may (`maxInFlightPerClient` is at most 10 000), on
+    // 16 partitions: a lane holds at most `max_window_per_lane` (4 096) records not done,
+    // so 40 000 in flight need more than the comparison's 4 partitions.
+    let (clients, per_client, partitions) = (4u64, 10_000u64, 16u64);
+    let n = clients * per_client;
+    let s = unimesh::start(partitions, &storage, "memory");
     s.subscribe(
         "held",
-        &json!({ "topic": "held", "ackTimeoutMs": 600000, "maxInFlightPerClient": n }),
+        &json!({ "topic": "held", "ackTimeoutMs": 600000, "maxInFlightPerClient": per_client }),
     );
     let pad = "x".repeat(a.size.saturating_sub(32) as usize);
     let url = s.http_url(&topic_path("held"));
@@ -252,16 +256,21 @@ fn memory(a: &Args) -> Value {
     let before = settled_rss(&s);
     let mut held = 0u64;
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while held < n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "memory: {held} of {n} deliveries in flight after 5 minutes"
-        );
-        let r = s.poll_raw("held", "holder", 1000, 500);
-        r.expect(200);
-        let got: Vec<serde_json::Value> = serde_json::from_slice(&r.body)
-            .unwrap_or_else(|e| panic!("a poll answer that is not deliveries: {e}"));
-        held += got.len() as u64;
+    for c in 0..clients {
+        let mut mine = 0;
+        while mine < per_client {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "memory: {} of {n} deliveries in flight after 5 minutes",
+                held + mine
+            );
+            let r = s.poll_raw("held", &format!("holder{c}"), 1000, 500);
+            r.expect(200);
+            let got: Vec<serde_json::Value> = serde_json::from_slice(&r.body)
+                .unwrap_or_else(|e| panic!("a poll answer that is not deliveries: {e}"));
+            mine += got.len() as u64;
+        }
+        held += mine;
     }
     let after = settled_rss(&s);
     let per = after.saturating_sub(before) as f64 / n as f64;
@@ -273,6 +282,6 @@ fn memory(a: &Args) -> Value {
     );
     json!({
         "idle_groups": idle,
-        "in_flight": { "deliveries": n, "size": a.size, "rss_before_bytes": before, "rss_after_bytes": after, "bytes_per_delivery": per },
+        "in_flight": { "deliveries": n, "partitions": partitions, "size": a.size, "rss_before_bytes": before, "rss_after_bytes": after, "bytes_per_delivery": per },
     })
 }
