@@ -6,6 +6,13 @@
 //! `auto.offset.reset=earliest` so nothing written before a member's first fetch is
 //! skipped). The clock starts once every partition is assigned. Payloads carry their
 //! publish time in their first 8 bytes.
+//!
+//! On tansu (`--kafka tansu`: its in-memory storage engine, as the black-box tests start it)
+//! the rows check that both paths work end to end and show the mesh's cost over the bare
+//! protocol; they are not Kafka's figures: nothing is written to disk, and deliveries come
+//! about 0.4 s (direct) and 0.7 s (through unimesh) after their publish at the median
+//! while the log's own rows take 10 ms, which says tansu answers fetches late; the
+//! end-to-end rates are then set by fetch round trips, not by CPU.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -44,7 +44,7 @@ mod sample;
 mod sweep;
 mod unimesh;
 
-use sample::{Sample, HEADER};
+use sample::{header, Sample};
 use unimesh::Storage;
 use unimesh_tests::load::Transport;
 
@@ -359,7 +359,7 @@ fn compare(a: &Args, machine: &Machine) {
                 }
                 Kind::Unimesh(storage, t) => unimesh::run(a, &row.w, storage, *t, &topic),
             };
-            println!("{HEADER}\n{}", sample.row(&row.name, None));
+            println!("{}\n{}", header(), sample.row(&row.name, None));
             rows[i].samples.push(sample);
         }
     }
@@ -385,7 +385,7 @@ fn report(a: &Args, rows: &[Row], machine: &Machine) {
         "compare: load average before {:.2}, after {:.2}",
         machine.load1, after.load1
     );
-    println!("{HEADER}");
+    println!("{}", header());
     for row in rows {
         if let Some(s) = best(row) {
             let peer = row

@@ -97,8 +97,8 @@ impl Sample {
             "publish_to_deliver": lat(&self.deliver_us),
             "publish_to_ack": lat(&self.ack_us),
             "redelivered": self.redelivered,
-            "server_cpu_s": self.server_cpu_s,
-            "server_cpu_us_per_event": self.server_us_per_event(),
+            "server_cpu_s": if self.server_cpu_s.is_nan() { Value::Null } else { json!(self.server_cpu_s) },
+            "server_cpu_us_per_event": if self.server_cpu_s.is_nan() { Value::Null } else { json!(self.server_us_per_event()) },
             "client_cpu_s": self.client_cpu_s,
             "broker_cpu_s": if self.broker_cpu_s.is_nan() { Value::Null } else { json!(self.broker_cpu_s) },
             "wall_s": self.total_wall.as_secs_f64(),
@@ -110,13 +110,15 @@ impl Sample {
         let ratio = peer
             .map(|r| format!("{:.2}x", self.end_to_end_per_s() / r.max(1e-9)))
             .unwrap_or_else(|| "-".to_owned());
-        let broker = if self.broker_cpu_s.is_nan() {
-            "-".to_owned()
-        } else {
-            format!("{:.2}", self.broker_cpu_s)
+        let or_dash = |v: f64, digits: usize| {
+            if v.is_nan() {
+                "-".to_owned()
+            } else {
+                format!("{v:.digits$}")
+            }
         };
         format!(
-            "{system:<34} {:>9.0} {:>9.0} {:>6} {:>7.1} {:>7.1} {:>8.1} {:>7.1} {:>7.1} {:>8.1} {:>7.2} {:>7.0} {:>7.2} {:>7}",
+            "{system:<34} {:>9.0} {:>9.0} {:>6} {:>7.1} {:>7.1} {:>8.1} {:>7.1} {:>7.1} {:>8.1} {:>7} {:>9} {:>7.2} {:>7}",
             self.publish_per_s(),
             self.end_to_end_per_s(),
             ratio,
@@ -126,12 +128,31 @@ impl Sample {
             Self::ms(&self.ack_us, 0.5),
             Self::ms(&self.ack_us, 0.99),
             Self::ms(&self.ack_us, 0.999),
-            self.server_cpu_s,
-            self.server_us_per_event(),
+            or_dash(self.server_cpu_s, 2),
+            or_dash(self.server_us_per_event(), 0),
             self.client_cpu_s,
-            broker,
+            or_dash(self.broker_cpu_s, 2),
         )
     }
 }
 
-pub const HEADER: &str = "system                             publish/s     e2e/s x peer dlv p50 dlv p99 dlv p999 ack p50 ack p99 ack p999 srv cpu srv us/ev cli cpu brk cpu";
+/// The table's head, aligned with [`Sample::row`].
+pub fn header() -> String {
+    format!(
+        "{:<34} {:>9} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9} {:>7} {:>7}",
+        "system",
+        "publish/s",
+        "e2e/s",
+        "x peer",
+        "dlv p50",
+        "dlv p99",
+        "dlv p999",
+        "ack p50",
+        "ack p99",
+        "ack p999",
+        "srv cpu",
+        "srv us/ev",
+        "cli cpu",
+        "brk cpu"
+    )
+}
