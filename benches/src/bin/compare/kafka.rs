@@ -10,7 +10,7 @@
 //! On tansu (`--kafka tansu`: its in-memory storage engine, as the black-box tests start it)
 //! the rows check that both paths work end to end and show the mesh's cost over the bare
 //! protocol; they are not Kafka's figures: nothing is written to disk, and deliveries come
-//! about 0.4 s (direct) and 0.7 s (through unimesh) after their publish at the median
+//! about 0.4 s (direct) and 0.7-1.2 s (through unimesh) after their publish at the median
 //! while the log's own rows take 10 ms, which says tansu answers fetches late; the
 //! end-to-end rates are then set by fetch round trips, not by CPU.
 
