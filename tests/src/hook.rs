@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,8 +68,15 @@ type Responder = dyn Fn(&HookRequest, usize) -> HookAnswer + Send + Sync;
 /// The receiver; stops accepting when dropped.
 pub struct Hook {
     addr: SocketAddr,
-    log: Arc<Mutex<Vec<HookRequest>>>,
+    log: Arc<Log>,
     stop: Arc<AtomicBool>,
+}
+
+/// What a receiver keeps: every request, or (a load's receiver) only their count.
+struct Log {
+    requests: Mutex<Vec<HookRequest>>,
+    keep: bool,
+    count: AtomicUsize,
 }
 
 impl Hook {
@@ -85,9 +92,29 @@ impl Hook {
         bind: &str,
         respond: impl Fn(&HookRequest, usize) -> HookAnswer + Send + Sync + 'static,
     ) -> Self {
+        Self::start_with(bind, true, respond)
+    }
+
+    /// [`Hook::start`] keeping no request, only their count (a load's receiver, whose
+    /// memory must not grow with the events).
+    pub fn start_unlogged(
+        respond: impl Fn(&HookRequest, usize) -> HookAnswer + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_with("127.0.0.1:0", false, respond)
+    }
+
+    fn start_with(
+        bind: &str,
+        keep: bool,
+        respond: impl Fn(&HookRequest, usize) -> HookAnswer + Send + Sync + 'static,
+    ) -> Self {
         let listener = TcpListener::bind(bind).expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new(Log {
+            requests: Mutex::new(Vec::new()),
+            keep,
+            count: AtomicUsize::new(0),
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let respond: Arc<Responder> = Arc::new(respond);
         let started = Instant::now();
@@ -116,13 +143,17 @@ impl Hook {
         format!("http://{}{path}", self.addr)
     }
 
-    /// Every request so far, in arrival order.
+    /// Every request so far, in arrival order (none for [`Hook::start_unlogged`]).
     pub fn requests(&self) -> Vec<HookRequest> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.log
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn count(&self) -> usize {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.log.count.load(Ordering::Relaxed)
     }
 }
 
@@ -134,12 +165,7 @@ impl Drop for Hook {
     }
 }
 
-fn serve(
-    conn: TcpStream,
-    log: Arc<Mutex<Vec<HookRequest>>>,
-    respond: Arc<Responder>,
-    started: Instant,
-) {
+fn serve(conn: TcpStream, log: Arc<Log>, respond: Arc<Responder>, started: Instant) {
     let _ = conn.set_nodelay(true);
     let Ok(mut writer) = conn.try_clone() else {
         return;
@@ -185,10 +211,13 @@ fn serve(
             body,
             at: started.elapsed(),
         };
-        let n = {
-            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
-            log.push(req.clone());
-            log.len() - 1
+        let n = if log.keep {
+            let mut requests = log.requests.lock().unwrap_or_else(|p| p.into_inner());
+            requests.push(req.clone());
+            log.count.store(requests.len(), Ordering::Relaxed);
+            requests.len() - 1
+        } else {
+            log.count.fetch_add(1, Ordering::Relaxed)
         };
         let answer = respond(&req, n);
         if !answer.delay.is_zero() {

@@ -30,6 +30,7 @@ pub mod sse;
 pub use serde_json::{json, Value};
 
 pub mod kafka;
+pub mod load;
 pub mod pair;
 pub mod pki;
 pub mod proxy;
@@ -864,7 +865,7 @@ impl Server {
     /// Publishes events in batch mode.
     pub fn publish_batch(&self, topic: &str, events: &[Value]) -> Resp {
         self.call("POST", &topic_path(topic))
-            .header("content-type", "application/cloudevents-batch+json")
+            .header("content-type", BATCH_MEDIA_TYPE)
             .body(Value::Array(events.to_vec()).to_string())
             .send()
     }
@@ -1045,6 +1046,9 @@ fn quick_agent() -> ureq::Agent {
         .build()
         .into()
 }
+
+/// The media type of a batch-mode publish (and of a batched webhook push).
+pub const BATCH_MEDIA_TYPE: &str = "application/cloudevents-batch+json";
 
 pub fn topic_path(topic: &str) -> String {
     format!("/v1/topics/{topic}/events")

@@ -5,6 +5,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+/// How long a read may wait for the next byte (but see [`SseStream::next_event_within`]).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// One SSE event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SseEvent {
@@ -34,13 +37,15 @@ pub struct SseStream {
     pub head: String,
     /// The body as read so far when the status is not 200.
     pub body: String,
+    /// The socket's read timeout now (set again only when it changes).
+    timeout: Duration,
 }
 
 impl SseStream {
     /// Opens `path` (with `Last-Event-ID` when given). Panics on a transport failure.
     pub fn open(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> Self {
         let mut s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(60)))
+        s.set_read_timeout(Some(READ_TIMEOUT))
             .expect("read timeout");
         let mut req =
             format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\naccept: text/event-stream\r\n");
@@ -89,18 +94,21 @@ impl SseStream {
             status,
             head,
             body,
+            timeout: READ_TIMEOUT,
+        }
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        if timeout != self.timeout {
+            let _ = self.reader.get_ref().set_read_timeout(Some(timeout));
+            self.timeout = timeout;
         }
     }
 
     /// Like [`SseStream::next_event`], but gives up after `idle` without a complete event.
     pub fn next_event_within(&mut self, idle: Duration) -> Next {
-        let _ = self.reader.get_ref().set_read_timeout(Some(idle));
-        let got = self.read_event();
-        let _ = self
-            .reader
-            .get_ref()
-            .set_read_timeout(Some(Duration::from_secs(60)));
-        match got {
+        self.set_timeout(idle);
+        match self.read_event() {
             Ok(Some(e)) => Next::Event(e),
             Ok(None) => Next::End,
             Err(e)
@@ -119,6 +127,7 @@ impl SseStream {
     /// latter remembered on the next event). `None` when the stream ends. Chunked
     /// transfer framing is skipped: chunk-size lines are hex numbers alone on a line.
     pub fn next_event(&mut self) -> Option<SseEvent> {
+        self.set_timeout(READ_TIMEOUT);
         self.read_event().ok().flatten()
     }
 

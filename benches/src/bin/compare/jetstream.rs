@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream};
 use futures_util::StreamExt as _;
 use hdrhistogram::Histogram;
+use unimesh_tests::load::Counter;
 use unimesh_tests::{cpu_seconds, process_cpu_seconds};
 
 use super::sample::{histogram, Sample};
-use super::Args;
+use super::{Args, Workload};
 
 struct NatsServer {
     child: Child,
@@ -60,7 +61,7 @@ fn start_server(bin: &str) -> NatsServer {
     }
 }
 
-pub fn run(a: &Args, rate: u64) -> Sample {
+pub fn run(a: &Args, w: &Workload) -> Sample {
     let server = start_server(&a.nats_server);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -68,10 +69,11 @@ pub fn run(a: &Args, rate: u64) -> Sample {
         .build()
         .unwrap_or_else(|e| panic!("a tokio runtime: {e}"));
     let pid = Some(server.child.id());
-    rt.block_on(workload(a, &server.url, pid, rate))
+    rt.block_on(workload(a, w, &server.url, pid))
 }
 
-async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
+async fn workload(a: &Args, w: &Workload, url: &str, pid: Option<u32>) -> Sample {
+    let rate = w.rate;
     let client = async_nats::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
@@ -97,7 +99,7 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
         .unwrap_or_else(|e| panic!("create the consumer: {e}"));
     let size = (a.size as usize).max(8);
     let next = Arc::new(AtomicU64::new(0));
-    let received = Arc::new(AtomicU64::new(0));
+    let received = Arc::new(Counter::default());
     let redelivered = Arc::new(AtomicU64::new(0));
     let cpu0 = cpu_seconds();
     let server_cpu0 = process_cpu_seconds(pid);
@@ -105,7 +107,7 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
     let publishers: Vec<_> = (0..a.publishers)
         .map(|_| {
             let (js, next) = (js.clone(), next.clone());
-            let (events, batch) = (a.events, a.batch);
+            let (events, batch) = (w.events, w.batch);
             tokio::spawn(async move {
                 loop {
                     let first = next.fetch_add(batch, Ordering::Relaxed);
@@ -135,7 +137,7 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
         .map(|_| {
             let (consumer, received, redelivered) =
                 (consumer.clone(), received.clone(), redelivered.clone());
-            let (events, poll) = (a.events, a.poll as usize);
+            let (events, poll) = (w.events, a.poll as usize);
             tokio::spawn(async move {
                 let (mut deliver, mut ack) = (histogram(), histogram());
                 consume(
@@ -168,9 +170,9 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
             Err(_) => panic!("a JetStream consumer failed"),
         }
     }
-    let total_wall = started.elapsed();
+    let total_wall = received.done_at().unwrap_or_else(|| started.elapsed());
     Sample {
-        events: a.events,
+        events: w.events,
         publish_wall,
         total_wall,
         deliver_us,
@@ -178,10 +180,11 @@ async fn workload(a: &Args, url: &str, pid: Option<u32>, rate: u64) -> Sample {
         redelivered: redelivered.load(Ordering::Relaxed),
         server_cpu_s: process_cpu_seconds(pid) - server_cpu0,
         client_cpu_s: cpu_seconds() - cpu0,
+        broker_cpu_s: f64::NAN,
     }
 }
 
-/// [`paced`] without blocking a runtime thread.
+/// `unimesh_tests::load::paced` without blocking a runtime thread.
 async fn paced_async(started: Instant, first: u64, rate: u64) -> u64 {
     let now = micros(started);
     if rate == 0 {
@@ -200,7 +203,7 @@ fn micros(started: Instant) -> u64 {
 
 async fn consume(
     consumer: &jetstream::consumer::Consumer<pull::Config>,
-    received: &AtomicU64,
+    received: &Counter,
     redelivered: &AtomicU64,
     events: u64,
     poll: usize,
@@ -208,7 +211,7 @@ async fn consume(
     (deliver, ack): (&mut Histogram<u64>, &mut Histogram<u64>),
 ) {
     let deadline = Instant::now() + Duration::from_secs(600);
-    while received.load(Ordering::Relaxed) < events {
+    while received.get() < events {
         assert!(
             Instant::now() < deadline,
             "JetStream: not every event ACKed in 10 minutes"
@@ -235,7 +238,7 @@ async fn consume(
             }
             m.ack().await.unwrap_or_else(|e| panic!("ack: {e}"));
             let _ = ack.record(micros(started).saturating_sub(t).max(1));
-            received.fetch_add(1, Ordering::Relaxed);
+            received.add(1, false, events, started);
         }
     }
 }

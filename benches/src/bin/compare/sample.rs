@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
+use unimesh_tests::load::Recorder;
 
 /// Latencies in microseconds, 1 µs to 10 min, 3 significant digits.
 pub fn histogram() -> Histogram<u64> {
@@ -11,20 +12,41 @@ pub fn histogram() -> Histogram<u64> {
         .expect("constant bounds: low >= 1, high >= 2 * low")
 }
 
-/// The publish time of the batch starting at event `first`: with an offered load of
-/// `rate` events/s (0: as fast as answers come), the batch waits for its scheduled time and
-/// its events are stamped with that time, not with when the client got round to sending
-/// them (so a client that falls behind shows up in the latencies: no coordinated omission).
-pub fn paced(started: std::time::Instant, first: u64, rate: u64) -> u64 {
-    let now = started.elapsed().as_micros() as u64;
-    if rate == 0 {
-        return now;
+/// What one consumer measured: publish → deliver and publish → ACK, in µs.
+pub struct Hists {
+    pub deliver: Histogram<u64>,
+    pub ack: Histogram<u64>,
+}
+
+impl Default for Hists {
+    fn default() -> Self {
+        Self {
+            deliver: histogram(),
+            ack: histogram(),
+        }
     }
-    let due = first.saturating_mul(1_000_000) / rate;
-    if due > now {
-        std::thread::sleep(std::time::Duration::from_micros(due - now));
+}
+
+impl Recorder for Hists {
+    fn delivered(&mut self, latency_us: u64) {
+        let _ = self.deliver.record(latency_us);
     }
-    due
+
+    fn acked(&mut self, latency_us: u64) {
+        let _ = self.ack.record(latency_us);
+    }
+}
+
+impl Hists {
+    /// Every consumer's, merged.
+    pub fn merged(all: impl IntoIterator<Item = Hists>) -> Hists {
+        let mut out = Hists::default();
+        for h in all {
+            let _ = out.deliver.add(&h.deliver);
+            let _ = out.ack.add(&h.ack);
+        }
+        out
+    }
 }
 
 /// One run of one system.
@@ -42,6 +64,8 @@ pub struct Sample {
     pub redelivered: u64,
     pub server_cpu_s: f64,
     pub client_cpu_s: f64,
+    /// CPU seconds of the Kafka broker (NaN where there is none or it was not started here).
+    pub broker_cpu_s: f64,
 }
 
 impl Sample {
@@ -51,6 +75,11 @@ impl Sample {
 
     pub fn end_to_end_per_s(&self) -> f64 {
         self.events as f64 / self.total_wall.as_secs_f64().max(1e-9)
+    }
+
+    /// The server's CPU per event, in µs (NaN for a broker used directly).
+    pub fn server_us_per_event(&self) -> f64 {
+        self.server_cpu_s * 1e6 / self.events.max(1) as f64
     }
 
     fn ms(h: &Histogram<u64>, q: f64) -> f64 {
@@ -68,19 +97,28 @@ impl Sample {
             "publish_to_deliver": lat(&self.deliver_us),
             "publish_to_ack": lat(&self.ack_us),
             "redelivered": self.redelivered,
-            "server_cpu_s": self.server_cpu_s,
+            "server_cpu_s": if self.server_cpu_s.is_nan() { Value::Null } else { json!(self.server_cpu_s) },
+            "server_cpu_us_per_event": if self.server_cpu_s.is_nan() { Value::Null } else { json!(self.server_us_per_event()) },
             "client_cpu_s": self.client_cpu_s,
+            "broker_cpu_s": if self.broker_cpu_s.is_nan() { Value::Null } else { json!(self.broker_cpu_s) },
             "wall_s": self.total_wall.as_secs_f64(),
         })
     }
 
-    /// One line of the table.
-    pub fn row(&self, system: &str, reference: Option<f64>) -> String {
-        let ratio = reference
+    /// One line of the table; `peer`: the end-to-end rate of the row it is compared with.
+    pub fn row(&self, system: &str, peer: Option<f64>) -> String {
+        let ratio = peer
             .map(|r| format!("{:.2}x", self.end_to_end_per_s() / r.max(1e-9)))
-            .unwrap_or_else(|| "1.00x".to_owned());
+            .unwrap_or_else(|| "-".to_owned());
+        let or_dash = |v: f64, digits: usize| {
+            if v.is_nan() {
+                "-".to_owned()
+            } else {
+                format!("{v:.digits$}")
+            }
+        };
         format!(
-            "{system:<28} {:>10.0} {:>10.0} {:>7} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2}",
+            "{system:<34} {:>9.0} {:>9.0} {:>6} {:>7.1} {:>7.1} {:>8.1} {:>7.1} {:>7.1} {:>8.1} {:>7} {:>9} {:>7.2} {:>7}",
             self.publish_per_s(),
             self.end_to_end_per_s(),
             ratio,
@@ -90,10 +128,31 @@ impl Sample {
             Self::ms(&self.ack_us, 0.5),
             Self::ms(&self.ack_us, 0.99),
             Self::ms(&self.ack_us, 0.999),
-            self.server_cpu_s,
+            or_dash(self.server_cpu_s, 2),
+            or_dash(self.server_us_per_event(), 0),
             self.client_cpu_s,
+            or_dash(self.broker_cpu_s, 2),
         )
     }
 }
 
-pub const HEADER: &str = "system                       publish/s      e2e/s   ratio  dlv p50  dlv p99 dlv p999  ack p50  ack p99 ack p999  srv cpu cli cpu";
+/// The table's head, aligned with [`Sample::row`].
+pub fn header() -> String {
+    format!(
+        "{:<34} {:>9} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9} {:>7} {:>7}",
+        "system",
+        "publish/s",
+        "e2e/s",
+        "x peer",
+        "dlv p50",
+        "dlv p99",
+        "dlv p999",
+        "ack p50",
+        "ack p99",
+        "ack p999",
+        "srv cpu",
+        "srv us/ev",
+        "cli cpu",
+        "brk cpu"
+    )
+}
