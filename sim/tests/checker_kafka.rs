@@ -278,3 +278,48 @@ fn seed_123136_a_zombies_owed_broker_ack_stands_after_another_owners_seek() {
     assert_eq!(v.clause, Clause::C6, "{v}");
     assert!(v.message.contains("before it was durably done"), "{v}");
 }
+
+/// Goal (madsim group shape, seed 424): a commit may go back only across a seek made
+/// after the commit before it was *emitted*: Kafka's consumer holds the commits the engine
+/// asks for during a revocation until the revocation ends, so a commit emitted before a
+/// seek can reach the broker after it, and must not use the seek up. Method: instance 0
+/// makes 2 durable and emits a commit of 2; an operator seeks the lane to 0; the broker
+/// takes the commit of 2, then the commit of 0 emitted after the seek — which passes when
+/// the checker knows when each was emitted, and fails when it judges by the order taken
+/// alone (both commits after the seek, as the old rule read them). A commit that goes back
+/// with no seek before its emission fails either way.
+#[test]
+fn seed_424_a_commit_emitted_before_a_seek_and_taken_after_it_does_not_use_the_seek_up() {
+    let durable_at_2 = |c: &mut Checker| {
+        for o in 0..2 {
+            let id = deliver(c, o, &format!("e{o}"), 1);
+            ack(c, id);
+        }
+        c.persist_emitted(2, &checkpoint(2)).unwrap();
+        c.persist_applied(2, &checkpoint(2)).unwrap();
+        c.persist_notified(2);
+    };
+    let mut c = world(3, 0);
+    durable_at_2(&mut c);
+    c.commit_emitted(&group(), 0, 2);
+    c.sought(0, &group(), 0, 0);
+    c.committed(&group(), 0, 2).unwrap();
+    c.commit_emitted(&group(), 0, 0);
+    c.committed(&group(), 0, 0).unwrap();
+    // Judged by the order the broker took them: the seek was used up by the first.
+    let mut c = world(3, 0);
+    durable_at_2(&mut c);
+    c.sought(0, &group(), 0, 0);
+    c.committed(&group(), 0, 2).unwrap();
+    let v = c.committed(&group(), 0, 0).unwrap_err();
+    assert_eq!(v.clause, Clause::C3, "{v}");
+    assert!(v.message.contains("commit went back 2 -> 0"), "{v}");
+    // No seek before the emission: going back is a violation.
+    let mut c = world(3, 0);
+    durable_at_2(&mut c);
+    c.commit_emitted(&group(), 0, 2);
+    c.committed(&group(), 0, 2).unwrap();
+    c.commit_emitted(&group(), 0, 1);
+    let v = c.committed(&group(), 0, 1).unwrap_err();
+    assert!(v.message.contains("commit went back 2 -> 1"), "{v}");
+}

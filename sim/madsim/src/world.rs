@@ -905,12 +905,22 @@ impl Inner {
                     if a.checkpoint.is_some() {
                         self.counts.resumed_from_progress += 1;
                     }
-                    if let Some(c) = a.checkpoint.as_ref().filter(|_| self.fences_at_broker) {
+                    let stale = taken.stale.get(i).copied().unwrap_or(false);
+                    // What a zombie resumes from is no durable state of the lane: whatever
+                    // it took (a record the live owner's outranks, when it reads below the
+                    // owner's generation), its writes rank below the live owner's, and a
+                    // reader that later takes one of them is judged then. Only a member the
+                    // coordinator still counts as the lane's owner is judged by what it read.
+                    if let Some(c) = a
+                        .checkpoint
+                        .as_ref()
+                        .filter(|_| self.fences_at_broker && !stale)
+                    {
                         let source = taken.sources.get(i).cloned().flatten();
                         let r = self.read_back(node, group, a.partition, c, source);
                         self.check(r);
                     }
-                    if taken.stale.get(i).copied().unwrap_or(false) {
+                    if stale {
                         self.counts.stale_assignments += 1;
                         let g = self.tag(group);
                         self.note(
@@ -1082,8 +1092,11 @@ impl Inner {
             } => {
                 let g = self.tag(group);
                 self.note(node, t, "commit", [u64::from(*partition), *offset, g, 0]);
-                // A broker that fences commits judges them when it takes them.
-                if !self.fences_at_broker {
+                // A broker that fences commits judges them when it takes them, by the
+                // seeks before this emission.
+                if self.fences_at_broker {
+                    self.checker.commit_emitted(group, *partition, *offset);
+                } else {
                     let r = self.checker.committed(group, *partition, *offset);
                     self.check(r);
                 }

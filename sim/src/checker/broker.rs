@@ -10,6 +10,19 @@ use unimesh_core::{DlqKey, GroupName, Offset, Partition, SkipReason};
 use super::{fail, Check, Checker, Clause};
 
 impl Checker {
+    /// The selected instance's mesh emitted `Commit{offset}` of the lane, which a broker
+    /// that fences commits takes later ([`Checker::committed`] then): the seeks so far are
+    /// the ones that commit may go back across. A commit emitted before a seek and taken
+    /// after it (Kafka's consumer holds the commits asked during a revocation until the
+    /// revocation ends) says nothing of the seek, and must not use it up.
+    pub fn commit_emitted(&mut self, group: &GroupName, p: Partition, offset: Offset) {
+        let inst = self.current;
+        if let Some(lane) = self.groups.get_mut(group).and_then(|g| g.lanes.get_mut(&p)) {
+            let rewinds = lane.rewinds;
+            lane.owner(inst).commit_emitted = Some((offset, rewinds));
+        }
+    }
+
     /// `Commit` of a durable watermark, by the selected instance, to a broker with group
     /// offsets (one the broker accepted: a fenced owner's must have been refused).
     pub fn committed(&mut self, group: &GroupName, p: Partition, offset: Offset) -> Check {
@@ -46,9 +59,14 @@ impl Checker {
         // What the commit says of the log as it is now: nothing past a loss of the broker's
         // tail the committer had not heard of (a reader honouring leader epochs clips it).
         let unknown = truncations.get(o.knows..).unwrap_or(&[]);
+        // The seeks before the commit's emission, when it was emitted as taken (else now).
+        let rewinds = o
+            .commit_emitted
+            .filter(|&(emitted, _)| emitted == offset)
+            .map_or(lane.rewinds, |(_, r)| r);
         let offset = unknown.iter().map(|t| t.new_end).fold(offset, Offset::min);
         if let Some(prev) = lane.committed {
-            if offset < prev && lane.commit_rewinds == lane.rewinds {
+            if offset < prev && lane.commit_rewinds >= rewinds {
                 return fail(
                     Clause::C3,
                     format!("{group}/{p}: commit went back {prev} -> {offset}"),
@@ -56,7 +74,7 @@ impl Checker {
             }
         }
         lane.committed = Some(offset);
-        lane.commit_rewinds = lane.rewinds;
+        lane.commit_rewinds = lane.commit_rewinds.max(rewinds);
         Ok(())
     }
 

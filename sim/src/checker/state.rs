@@ -195,6 +195,10 @@ pub(super) struct Owner {
     pub(super) must_report: Option<Offset>,
     /// The highest watermark of a checkpoint of this owner made durable (what it may commit).
     pub(super) applied_wm: Option<Offset>,
+    /// The offset of this owner's last commit as the mesh emitted it, and the lane's
+    /// [`LaneState::rewinds`] then (a broker that takes commits later, such as Kafka's
+    /// coordinator after a revocation, judges it by the seeks before its emission).
+    pub(super) commit_emitted: Option<(Offset, u32)>,
     /// Key order: the highest offset delivered per key in the current lease.
     pub(super) key_last: BTreeMap<String, (u64, Offset)>,
 }

@@ -659,21 +659,26 @@ impl EngineTask {
                 done,
                 round,
             } => {
-                // Settled since the round began (an ACK of a delivery in flight): another
-                // round, so no ACK answered before the partitions leave is lost. Nothing new
-                // goes out of them, so the rounds end; the bound is for a client that keeps
-                // NACKing, and the consumer's own wait bounds the time.
-                if flushed.is_ok()
-                    && round < MAX_REVOKE_FLUSH_ROUNDS
-                    && self.mesh.revoke_pending(&group, &partitions)
+                // Settled since the round began (an ACK of a delivery in flight), or a
+                // persist that carries them still out: another round, so no ACK answered
+                // before the partitions leave is lost, and nothing of them is written after
+                // they left. Also after a failed flush: its content is pending again, and a
+                // persist issued behind it (a timed flush of what was settled meanwhile)
+                // may be on its way to the store — handed back now, it landed after the
+                // next owner read the progress topic, and that owner's claim then outranked
+                // an ACK this instance had made durable (madsim group shape, seed 534).
+                // Nothing new goes out of them, so the rounds end; the bound is for a
+                // client that keeps NACKing or a store that keeps failing, and the
+                // consumer's own wait bounds the time.
+                if round < MAX_REVOKE_FLUSH_ROUNDS && self.mesh.revoke_pending(&group, &partitions)
                 {
                     self.flush_revocation(group, partitions, done, round + 1);
                     self.finish_pending();
                     return;
                 }
                 if let Err(reason) = flushed {
-                    // The next owner resumes from the last durable progress: duplicates of
-                    // what was ACKed since, never loss.
+                    // The rounds ran out: the next owner resumes from the last durable
+                    // progress (duplicates of what was ACKed since).
                     tracing::warn!(%group, ?partitions, %reason, "progress not flushed before the revocation");
                 }
                 let _ = self.handle(Input::PartitionsRevoked {

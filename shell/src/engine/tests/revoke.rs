@@ -466,3 +466,58 @@ async fn a_persist_issued_before_a_lost_revocation_never_reaches_the_store() {
         "the first ACK's write had started and stands"
     );
 }
+
+/// Goal: a revocation whose flush failed lets the partition go only once what was
+/// settled meanwhile is durable, and never while a persist carrying its lanes is still on
+/// its way to the store (madsim group shape, seed 534). Before, a failed flush ended the
+/// revocation at once: a persist issued behind the failed one (a timed flush of an ACK
+/// answered during the revocation) landed after the partition left — after the next owner
+/// had read the progress topic — and that owner's claim then outranked a checkpoint this
+/// instance had told its client was durable; the ACKed record was delivered again.
+/// Method: flushes every 5 ms; the first ACK's persist held, then failed; the second ACK
+/// answered while it is out, its persist held. The engine must not let the partition go
+/// while the second persist is held, and once it does, both ACKs are in the store.
+#[tokio::test]
+async fn a_revocation_whose_flush_failed_waits_for_the_persist_still_out() {
+    let b = bench(5).await;
+    b.handle.publish(&t("t"), events(2, None)).await.unwrap();
+    let d = deliveries(&b, 2).await;
+    let fail = Arc::new(Notify::new());
+    let hold = Arc::new(Notify::new());
+    b.state.push(Step::HoldThenFail(fail.clone()));
+    b.state.push(Step::Hold(hold.clone()));
+    let before = b.state.started.load(Ordering::SeqCst);
+    ack(&b, &d[0]).await;
+    let wait = b.log.revoke("g", vec![0]).await;
+    until("the first persist is out", async || {
+        b.state.started.load(Ordering::SeqCst) > before
+    })
+    .await;
+    ack(&b, &d[1]).await;
+    fail.notify_one();
+    until("the next persist is out", async || {
+        b.state.started.load(Ordering::SeqCst) > before + 1
+    })
+    .await;
+    // Bounded: the old engine let go within a few milliseconds of the failure.
+    let mut let_go = false;
+    for _ in 0..50 {
+        if wait.try_recv().is_ok() {
+            let_go = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let durable_then = b.state.watermark("g", 0);
+    assert!(
+        !let_go,
+        "the partition was let go while a persist of it was out (durable then: {durable_then:?})"
+    );
+    hold.notify_one();
+    released(wait).await;
+    assert_eq!(
+        b.state.watermark("g", 0),
+        Some(2),
+        "both ACKs answered before the partition left are durable"
+    );
+}
