@@ -10,7 +10,7 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use unimesh_shell::event::{
-    decode_stored, delivery_event_json, delivery_event_json_decoded, encode_stored, parse_publish,
+    decode_stored, delivery_event_json, delivery_event_json_decoded, parse_publish,
     to_binary_request_parts, PublishLimits, BATCH_MEDIA_TYPE, STRUCTURED_MEDIA_TYPE,
 };
 
@@ -84,12 +84,10 @@ fn store_and_render(c: &mut Criterion) {
         Err(e) => panic!("the bench's event is refused: {e}"),
     };
     let event = &events[0];
-    let stored = encode_stored(event);
+    let stored = event.stored();
     let mut g = c.benchmark_group("event_1KiB");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("encode_stored", |b| {
-        b.iter(|| encode_stored(black_box(event)))
-    });
+    g.bench_function("encode_stored", |b| b.iter(|| black_box(event).stored()));
     g.bench_function("decode_stored", |b| {
         b.iter(|| decode_stored(black_box(&stored)).map(|m| m.id.len()))
     });
