@@ -843,7 +843,7 @@ fn unknown_routes_and_methods() {
         (s.get("/v1/subscriptions/bad-g/ack"), "POST"),
         (s.admin("DELETE", "/admin/health").send(), "GET"),
         (s.admin("GET", "/admin/dlq/bad-g/replay").send(), "POST"),
-        (s.admin("GET", "/admin/ratelimit").send(), "PUT"),
+        (s.admin("DELETE", "/admin/ratelimit").send(), "GET, PUT"),
     ];
     for (r, allow) in cases {
         r.expect_error(405, "method-not-allowed");
