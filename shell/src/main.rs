@@ -322,9 +322,13 @@ async fn run(
     let (engine, engine_task) = engine::start(cfg.engine_config(), log_port.clone(), state_port)
         .await
         .map_err(|e| format!("cannot start the engine: {e}"))?;
-    if let Some(k) = &kafka {
-        unimesh_shell::kafka::watch_subscriptions(k, engine.clone())?;
-    }
+    let subscriptions_watcher = match &kafka {
+        Some(k) => Some(unimesh_shell::kafka::watch_subscriptions(
+            k,
+            engine.clone(),
+        )?),
+        None => None,
+    };
 
     let scheme = if security.tls.is_some() {
         "https"
@@ -410,6 +414,15 @@ async fn run(
         }
     }
     pushers.abort();
+    // The watcher sees the engine stopped within a poll; what it holds is dropped before
+    // the process exits (not while C++ static destructors run).
+    if let Some(watcher) = subscriptions_watcher {
+        let joined = tokio::task::spawn_blocking(move || watcher.join());
+        let grace = Duration::from_millis(cfg.server.shutdown_grace_ms);
+        if tokio::time::timeout(grace, joined).await.is_err() {
+            tracing::warn!("the subscriptions watcher did not stop within the grace period");
+        }
+    }
     tracing::info!("stopped");
     if engine_ended {
         return Err("stopped because the engine task ended".into());

@@ -23,8 +23,11 @@ use super::ClientRole;
 use crate::engine::{EngineError, EngineHandle};
 use crate::state::codec::{decode_subscription, encode_subscription};
 
-/// Starts the watcher thread; it ends when the engine stops.
-pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
+/// Starts the watcher thread; it ends within a poll (100 ms) of the engine's stop. Join it
+/// before the process exits: the thread holds an engine handle and a librdkafka consumer,
+/// and one dropped while `exit` runs C++ static destructors aborted the process ("pthread
+/// lock: Invalid argument", a SIGTERMed instance in `tests/kafka_failover.rs`).
+pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<std::thread::JoinHandle<()>, String> {
     let s = log.settings();
     let topic = s.subscriptions_topic.clone();
     let mut c = s.client_config(ClientRole::Consumer);
@@ -62,7 +65,7 @@ pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
         .assign(&tpl)
         .map_err(|e| format!("cannot read the subscriptions topic: {e}"))?;
     let consumer = Arc::new(consumer);
-    std::thread::Builder::new()
+    let watcher = std::thread::Builder::new()
         .name("kafka-subscriptions".into())
         .spawn(move || {
             // Until the engine stops; a broker outage only pauses the reads.
@@ -93,7 +96,7 @@ pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<(), String> {
             }
         })
         .map_err(|e| format!("cannot start the subscriptions watcher: {e}"))?;
-    Ok(())
+    Ok(watcher)
 }
 
 /// Applies one record of the topic unless the local definition already equals it.
