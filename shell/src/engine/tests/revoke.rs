@@ -298,6 +298,14 @@ async fn ack(b: &Bench, d: &unimesh_core::Delivery) {
 }
 
 /// Waits (bounded) for the engine to let a revocation's partitions go.
+/// Waits until a persist beyond the first `before` has reached the store.
+async fn started_after(b: &Bench, before: usize, what: &str) {
+    until(what, async || {
+        b.state.started.load(Ordering::SeqCst) > before
+    })
+    .await;
+}
+
 async fn released(wait: std::sync::mpsc::Receiver<()>) {
     for _ in 0..1_000 {
         if wait.try_recv().is_ok() {
@@ -325,10 +333,7 @@ async fn an_ack_answered_while_a_revocation_flushes_is_durable_before_the_partit
     let before = b.state.started.load(Ordering::SeqCst);
     ack(&b, &d[0]).await;
     let wait = b.log.revoke("g", vec![0]).await;
-    until("the revocation's flush is out", async || {
-        b.state.started.load(Ordering::SeqCst) > before
-    })
-    .await;
+    started_after(&b, before, "the revocation's flush is out").await;
     ack(&b, &d[1]).await;
     hold.notify_one();
     released(wait).await;
@@ -364,10 +369,7 @@ async fn a_barrier_after_a_failed_persist_waits_for_its_retry() {
     b.state.push(Step::HoldThenFail(fail.clone()));
     let before = b.state.started.load(Ordering::SeqCst);
     ack(&b, &d[0]).await;
-    until("the ACK's persist is out", async || {
-        b.state.started.load(Ordering::SeqCst) > before
-    })
-    .await;
+    started_after(&b, before, "the ACK's persist is out").await;
     let h = b.handle.clone();
     let mut barrier = Box::pin(async move { h.subscribe(patient("g", "t")).await });
     assert!(now(&mut barrier).await.is_none(), "the barrier waits");
@@ -407,10 +409,7 @@ async fn a_revocation_with_only_a_persist_out_ends_when_it_is_durable() {
     b.state.push(Step::Hold(hold.clone()));
     let before = b.state.started.load(Ordering::SeqCst);
     ack(&b, &d[0]).await;
-    until("the ACK's persist is out", async || {
-        b.state.started.load(Ordering::SeqCst) > before
-    })
-    .await;
+    started_after(&b, before, "the ACK's persist is out").await;
     let wait = b.log.revoke("g", vec![0]).await;
     // Answered after the engine took the revocation.
     b.handle.subscription(&g("g")).await.unwrap();
@@ -436,10 +435,7 @@ async fn a_persist_issued_before_a_lost_revocation_never_reaches_the_store() {
     b.state.push(Step::Hold(hold.clone()));
     let before = b.state.started.load(Ordering::SeqCst);
     ack(&b, &d[0]).await;
-    until("the first ACK's persist is out", async || {
-        b.state.started.load(Ordering::SeqCst) > before
-    })
-    .await;
+    started_after(&b, before, "the first ACK's persist is out").await;
     ack(&b, &d[1]).await;
     // Flushes every 5 ms: the second ACK's persist is issued, queued behind the held one.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -489,10 +485,7 @@ async fn a_revocation_whose_flush_failed_waits_for_the_persist_still_out() {
     let before = b.state.started.load(Ordering::SeqCst);
     ack(&b, &d[0]).await;
     let wait = b.log.revoke("g", vec![0]).await;
-    until("the first persist is out", async || {
-        b.state.started.load(Ordering::SeqCst) > before
-    })
-    .await;
+    started_after(&b, before, "the first persist is out").await;
     ack(&b, &d[1]).await;
     fail.notify_one();
     until("the next persist is out", async || {
