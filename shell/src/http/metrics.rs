@@ -290,7 +290,7 @@ impl Collector for SnapshotCollector {
             ),
             (
                 "unimesh_persists",
-                "Progress batches made durable",
+                "Progress batches issued to the state store (failures counted apart)",
                 mesh.persists,
             ),
             (

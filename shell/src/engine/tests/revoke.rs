@@ -174,6 +174,8 @@ struct Scripted {
     inner: StoreAdapter,
     script: Mutex<VecDeque<Step>>,
     started: AtomicUsize,
+    /// Writes that ended, written or failed (a fenced batch never reaches the store).
+    ended: Arc<AtomicUsize>,
     durable: Arc<Mutex<Vec<Arc<PersistBatch>>>>,
 }
 
@@ -193,6 +195,32 @@ impl Scripted {
             .map(|c| c.checkpoint.progress.watermark())
             .next_back()
     }
+
+    /// Follows the script's `step`, then makes `write` and keeps the batch as durable.
+    async fn write(
+        step: Option<Step>,
+        write: BoxFut<Result<(), String>>,
+        durable: &Mutex<Vec<Arc<PersistBatch>>>,
+        batch: Arc<PersistBatch>,
+    ) -> Result<(), String> {
+        let fail = match step {
+            Some(Step::Hold(n)) => {
+                n.notified().await;
+                false
+            }
+            Some(Step::HoldThenFail(n)) => {
+                n.notified().await;
+                true
+            }
+            Some(Step::Pass) | None => false,
+        };
+        if fail {
+            return Err("the test failed this write".into());
+        }
+        write.await?;
+        durable.lock().unwrap().push(batch);
+        Ok(())
+    }
 }
 
 impl StatePort for Scripted {
@@ -204,24 +232,11 @@ impl StatePort for Scripted {
         let step = self.script.lock().unwrap().pop_front();
         let write = self.inner.apply(Arc::clone(&batch), now_wall_ms);
         let durable = Arc::clone(&self.durable);
+        let ended = Arc::clone(&self.ended);
         Box::pin(async move {
-            let fail = match step {
-                Some(Step::Hold(n)) => {
-                    n.notified().await;
-                    false
-                }
-                Some(Step::HoldThenFail(n)) => {
-                    n.notified().await;
-                    true
-                }
-                Some(Step::Pass) | None => false,
-            };
-            if fail {
-                return Err("the test failed this write".into());
-            }
-            write.await?;
-            durable.lock().unwrap().push(batch);
-            Ok(())
+            let result = Self::write(step, write, &durable, batch).await;
+            ended.fetch_add(1, Ordering::SeqCst);
+            result
         })
     }
     fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
@@ -253,6 +268,7 @@ async fn bench(flush_interval_ms: u64) -> Bench {
         inner: StoreAdapter::new(Box::new(MemoryStore::open(MemoryDisk::new()))),
         script: Mutex::new(VecDeque::new()),
         started: AtomicUsize::new(0),
+        ended: Arc::new(AtomicUsize::new(0)),
         durable: Arc::new(Mutex::new(Vec::new())),
     });
     let port: Arc<dyn LogPort> = log.clone();
@@ -297,7 +313,11 @@ async fn ack(b: &Bench, d: &unimesh_core::Delivery) {
     assert_eq!(s, vec![Settle::Accepted]);
 }
 
-/// Waits (bounded) for the engine to let a revocation's partitions go.
+/// The core's counters, read through the engine task.
+async fn stats(b: &Bench) -> unimesh_core::MeshStats {
+    b.handle.metrics_snapshot().await.unwrap().mesh
+}
+
 /// Waits until a persist beyond the first `before` has reached the store.
 async fn started_after(b: &Bench, before: usize, what: &str) {
     until(what, async || {
@@ -306,6 +326,7 @@ async fn started_after(b: &Bench, before: usize, what: &str) {
     .await;
 }
 
+/// Waits (bounded) for the engine to let a revocation's partitions go.
 async fn released(wait: std::sync::mpsc::Receiver<()>) {
     for _ in 0..1_000 {
         if wait.try_recv().is_ok() {
@@ -434,16 +455,31 @@ async fn a_persist_issued_before_a_lost_revocation_never_reaches_the_store() {
     let hold = Arc::new(Notify::new());
     b.state.push(Step::Hold(hold.clone()));
     let before = b.state.started.load(Ordering::SeqCst);
+    let ended_before = b.state.ended.load(Ordering::SeqCst);
     ack(&b, &d[0]).await;
     started_after(&b, before, "the first ACK's persist is out").await;
+    let issued = stats(&b).await.persists;
     ack(&b, &d[1]).await;
     // Flushes every 5 ms: the second ACK's persist is issued, queued behind the held one.
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    until("the second ACK's persist is issued", async || {
+        stats(&b).await.persists > issued
+    })
+    .await;
+    let failures = stats(&b).await.persist_failures;
     let wait = b.log.lose("g", vec![0]).await;
     released(wait).await;
     b.log.give("g", "t", 0).await;
     hold.notify_one();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The writer takes batches in ticket order: the second ACK's is written (the first
+    // ended, then it) or refused (a persist failure) before anything issued later.
+    until(
+        "the second ACK's persist is written or refused",
+        async || {
+            b.state.ended.load(Ordering::SeqCst) > ended_before + 1
+                || stats(&b).await.persist_failures > failures
+        },
+    )
+    .await;
     let old_lane_written = b
         .state
         .durable
