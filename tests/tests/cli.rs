@@ -11,7 +11,7 @@ use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
 
 use unimesh_tests::hook::{Hook, HookAnswer};
-use unimesh_tests::{event, json, unimesh_bin, Server, Value};
+use unimesh_tests::{event, json, unimesh_bin, Options, Server, Value};
 
 /// Runs the binary with only the given `UNIMESH_*` variables (the caller's are removed).
 fn run(args: &[&str], env: &[(&str, &str)], cwd: &std::path::Path) -> Output {
@@ -379,6 +379,59 @@ fn a_refused_publish_exits_1_naming_each_refusal_and_keeps_the_good_events() {
     assert_eq!(got[0].event["data"], json!({"a": 1}));
     assert_eq!(got[0].event["partitionkey"], "k");
     assert_eq!(got[0].event["source"], "/unimesh/cli");
+}
+
+/// Goal: what the server's dedup window answered without appending is counted apart, so
+/// a user re-sending a file sees how much was new. Method: dedup on for topic dd-t;
+/// publish three events from a file, then the file again with a fourth line: the closing
+/// line, then `--json`, count three duplicates; one event from flags sent twice with the
+/// same id is said to be a duplicate the second time. The group gets four events.
+#[test]
+fn publish_counts_the_repeats_the_dedup_window_answered() {
+    let s = Server::start(Options::new().toml("[dedup.topics.dd-t]\nwindow_s = 600\n"));
+    s.subscribe("dd-g", &json!({"topic": "dd-t", "ackTimeoutMs": 60000}));
+    let mut events: Vec<Value> = (0..3)
+        .map(|i| event(&format!("d{i}"), "cli.test", json!(i)))
+        .collect();
+    let out = client(&s, &["publish", "dd-t"], Some(&lines_of(&events)));
+    exits(&out, 0, "first publish");
+    assert_eq!(stdout(&out).trim(), "accepted 3, refused 0");
+
+    events.push(event("d3", "cli.test", json!(3)));
+    let out = client(&s, &["publish", "dd-t"], Some(&lines_of(&events)));
+    exits(&out, 0, "the file again, one line more");
+    assert_eq!(
+        stdout(&out).trim(),
+        "accepted 4 (3 duplicate(s), not appended again), refused 0"
+    );
+    let out = client(&s, &["publish", "dd-t", "--json"], Some(&lines_of(&events)));
+    exits(&out, 0, "the file a third time, --json");
+    let v: Value = serde_json::from_str(stdout(&out).trim()).expect("one JSON object");
+    assert_eq!(
+        (v["accepted"].clone(), v["duplicates"].clone()),
+        (json!(4), json!(4))
+    );
+
+    let one = ["publish", "dd-t", "--type", "cli.one", "--id", "once"];
+    let out = client(&s, &one, None);
+    exits(&out, 0, "one event");
+    assert!(!stdout(&out).contains("duplicate"), "{}", stdout(&out));
+    let out = client(&s, &one, None);
+    exits(&out, 0, "the same event again");
+    assert!(
+        stdout(&out).contains("(a duplicate: the first publish's place, not appended again)"),
+        "{}",
+        stdout(&out)
+    );
+    let got = s.poll_n("dd-g", "c", 5, std::time::Duration::from_secs(30));
+    let ids: BTreeSet<&str> = got.iter().map(|d| d.event_id()).collect();
+    assert_eq!(ids, BTreeSet::from(["d0", "d1", "d2", "d3", "once"]));
+    let more = s.poll("dd-g", "c", 10, 500);
+    assert!(
+        more.is_empty(),
+        "appended again: {:?}",
+        more.iter().map(|d| d.event_id()).collect::<Vec<_>>()
+    );
 }
 
 /// Goal: exit 3 when the server cannot be reached, 2 on usage errors, each with one line.

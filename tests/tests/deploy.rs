@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use unimesh_tests::kafka::Broker;
-use unimesh_tests::{event, json, published, Server};
+use unimesh_tests::{event, json, published, Options, Server};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -101,6 +101,9 @@ impl Scrape {
     }
 }
 
+/// Publish deduplication on for the traffic's topic, so its counter has a sample.
+const DEDUP: &str = "[dedup.topics.deploy]\nwindow_s = 600\n";
+
 /// Traffic that gives every family of the scrape a sample: a group with a lane, publishes
 /// accepted and one refused, deliveries ACKed, one NACKed and redelivered.
 fn make_traffic(s: &Server, group: &str, topic: &str) {
@@ -115,6 +118,12 @@ fn make_traffic(s: &Server, group: &str, topic: &str) {
     published(
         &s.publish_structured(topic, &event("d3", "deploy.test", json!(3))),
         1,
+    );
+    // A repeat the dedup window ([`DEDUP`]) answers without appending: counted apart.
+    let repeat = s.publish_structured(topic, &event("d0", "deploy.test", json!(0)));
+    assert_eq!(
+        repeat.expect(200).json()["results"][0]["duplicate"],
+        json!(true)
     );
     // A refused publish (no `type`): counted by the request histogram, not as published.
     s.publish_structured(
@@ -154,13 +163,13 @@ fn every_metric_the_dashboard_and_the_alert_rules_use_is_in_a_real_scrape() {
     );
 
     let mut scrape = Scrape::default();
-    let embedded = Server::start_default();
+    let embedded = Server::start(Options::new().toml(DEDUP));
     make_traffic(&embedded, "dash", "deploy");
     scrape.add(&embedded.metrics());
     drop(embedded);
 
     let broker = Broker::start();
-    let on_kafka = Server::start(broker.server_options("one", 1));
+    let on_kafka = Server::start(broker.server_options("one", 1).toml(DEDUP));
     make_traffic(&on_kafka, "dash", "deploy");
     scrape.add(&on_kafka.metrics());
 

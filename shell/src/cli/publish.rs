@@ -5,7 +5,8 @@
 //! for its content (a 4xx other than 429) is sent again event by event: every good event
 //! is accepted and every bad one refused with its own reason. A 429 or 503 is retried after
 //! its `Retry-After` (a few times). A line that is not a JSON object is refused here. The
-//! closing count says how many were accepted and refused, with the first reasons; an
+//! closing count says how many were accepted (and how many of those the server's dedup
+//! window answered as duplicates, not appended again) and refused, with the first reasons; an
 //! unreachable server stops at once with the count so far.
 
 use std::fs::File;
@@ -80,6 +81,9 @@ struct Item {
 #[derive(Default)]
 struct Tally {
     accepted: u64,
+    /// Of the accepted, those the server's dedup window answered without appending
+    /// (`"duplicate": true`).
+    duplicates: u64,
     refused: u64,
     reasons: Vec<Value>,
     /// The one event's place (single-event form).
@@ -98,8 +102,21 @@ impl Tally {
         }
     }
 
+    /// Counts a 200 answer's events: accepted, and those it marks as duplicates.
+    fn accept(&mut self, answer: &Answer, events: usize) {
+        self.accepted += events as u64;
+        self.duplicates += duplicates_in(answer);
+    }
+
     fn summary(&self) -> String {
-        format!("accepted {}, refused {}", self.accepted, self.refused)
+        let duplicates = match self.duplicates {
+            0 => String::new(),
+            n => format!(" ({n} duplicate(s), not appended again)"),
+        };
+        format!(
+            "accepted {}{duplicates}, refused {}",
+            self.accepted, self.refused
+        )
     }
 }
 
@@ -143,6 +160,7 @@ fn report(a: &PublishArgs, tally: &Tally) -> Result<(), Failure> {
     if a.common.json {
         let mut v = json!({
             "accepted": tally.accepted,
+            "duplicates": tally.duplicates,
             "refused": tally.refused,
             "reasons": tally.reasons,
         });
@@ -152,8 +170,13 @@ fn report(a: &PublishArgs, tally: &Tally) -> Result<(), Failure> {
         return print_json(&v);
     }
     if let Some(p) = &tally.placed {
+        let duplicate = if p["duplicate"] == json!(true) {
+            " (a duplicate: the first publish's place, not appended again)"
+        } else {
+            ""
+        };
         print_line(&format!(
-            "published {} to {}: partition {}, offset {}",
+            "published {} to {}: partition {}, offset {}{duplicate}",
             p["id"].as_str().unwrap_or("?"),
             a.topic,
             p["partition"],
@@ -180,6 +203,23 @@ fn report(a: &PublishArgs, tally: &Tally) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// How many of a 200 answer's `results` say `"duplicate": true` (none when the answer
+/// cannot be read: the events were accepted either way).
+fn duplicates_in(answer: &Answer) -> u64 {
+    serde_json::from_slice::<Value>(&answer.body)
+        .ok()
+        .and_then(|v| {
+            let results = v.get("results")?.as_array()?;
+            Some(
+                results
+                    .iter()
+                    .filter(|r| r["duplicate"] == json!(true))
+                    .count() as u64,
+            )
+        })
+        .unwrap_or(0)
 }
 
 /// The one event of the flags, structured.
@@ -235,7 +275,7 @@ impl Sender<'_> {
             item.json.clone().into_bytes(),
         )?;
         if answer.status == 200 {
-            self.tally.accepted += 1;
+            self.tally.accept(&answer, 1);
             if let Ok(v) = answer.ok() {
                 self.tally.placed = v["results"].get(0).cloned();
             }
@@ -329,7 +369,7 @@ impl Sender<'_> {
         body.push(']');
         let answer = self.post("application/cloudevents-batch+json", body.into_bytes())?;
         match answer.status {
-            200 => self.tally.accepted += batch.len() as u64,
+            200 => self.tally.accept(&answer, batch.len()),
             400..=499 if batch.len() > 1 && answer.status != 429 => {
                 for item in batch {
                     let answer =
@@ -350,7 +390,7 @@ impl Sender<'_> {
 
     fn settle_one(&mut self, line: u64, id: &str, answer: &Answer) {
         if answer.status == 200 {
-            self.tally.accepted += 1;
+            self.tally.accept(answer, 1);
         } else {
             self.tally.refuse(line, Some(id), answer.reason());
         }
