@@ -210,16 +210,21 @@ pub(super) fn default_table() -> Table {
 /// figment's own `Toml` provider). `source` names where a key's value came from.
 struct Layer {
     name: &'static str,
-    dict: Dict,
+    dict: Result<Dict, figment::Error>,
     source: fn(&str) -> String,
 }
 
 impl Layer {
     fn new(name: &'static str, table: Table, source: fn(&str) -> String) -> Self {
-        // A TOML table of strings, integers, booleans and tables is always a figment dict.
+        // A TOML table of strings, integers, booleans and tables is always a figment dict;
+        // were it not, extracting would fail with this error rather than lose the layer.
         let dict = match figment::value::Value::serialize(table) {
-            Ok(figment::value::Value::Dict(_, d)) => d,
-            _ => Dict::new(),
+            Ok(figment::value::Value::Dict(_, d)) => Ok(d),
+            Ok(other) => Err(figment::Error::from(format!(
+                "the {name} layer is {}, not a table",
+                other.to_actual()
+            ))),
+            Err(e) => Err(e),
         };
         Self { name, dict, source }
     }
@@ -276,7 +281,7 @@ impl Provider for Layer {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        Ok(Profile::Default.collect(self.dict.clone()))
+        Ok(Profile::Default.collect(self.dict.clone()?))
     }
 }
 
