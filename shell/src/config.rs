@@ -28,36 +28,27 @@
 //! with `_` for `.` (`UNIMESH_HTTP`, `UNIMESH_DATA`, `UNIMESH_LIMITS_MAX_POLL_EVENTS`,
 //! `UNIMESH_STATE_BACKEND`). `UNIMESH_CONFIG` names the file when `--config` does not.
 //!
-//! How the layers are merged: the defaults are turned into a TOML table; the file's table is
-//! laid over it key by key, refusing keys the defaults do not have (the error names the key)
-//! and values of the wrong type; environment variables and flags are parsed with the type of
-//! the default they replace; the result is deserialised into [`Config`] and checked by
-//! [`Config::validate`]. So the file, the environment and the defaults can never disagree on
-//! what keys exist.
+//! How the layers are merged, and how every error names its key and the layer it came from,
+//! is `config::load` (on `figment`). Each section checks its own values (`validate` on
+//! its type), the bounds "at least 1" by `NonZero` types where the section's readers are
+//! here (`[mesh]`, `[engine]`, `[dedup]`); [`Config::validate`] runs them all, plus the
+//! relations between sections.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
-use toml::{Table, Value};
+use serde::{Deserialize, Deserializer, Serialize};
 use unimesh_core::{MeshConfig, SubscriptionLimits};
 
 use crate::event::PublishLimits;
 
 pub mod auth;
+mod load;
 pub use auth::Auth;
-
-/// Prefix of every environment variable read as configuration.
-pub const ENV_PREFIX: &str = "UNIMESH_";
-
-/// The environment variable naming the configuration file.
-pub const ENV_CONFIG_FILE: &str = "UNIMESH_CONFIG";
-
-/// `UNIMESH_*` variables that other parts of the project read (the simulation harness); they
-/// are not configuration keys and are not reported as unknown.
-const ENV_NOT_CONFIG: &[&str] = &[ENV_CONFIG_FILE, "UNIMESH_SEED", "UNIMESH_NO_CORE_CHECK"];
+pub use load::{env_name, keys, load, Loaded, Overrides, ENV_CONFIG_FILE, ENV_PREFIX};
 
 /// Hard ceiling on one poll: the delivery JSON of a poll is built in memory.
 pub const POLL_EVENTS_HARD_MAX: u32 = 100_000;
@@ -108,7 +99,7 @@ pub struct Dedup {
     /// The window of every topic not named in `topics`, in seconds; 0: off.
     pub window_s: u64,
     /// The most identities one topic's window keeps (the oldest go first).
-    pub max_entries: usize,
+    pub max_entries: NonZeroUsize,
     /// Per topic, `[dedup.topics.NAME]`: `window_s` (0 turns it off for that topic) and
     /// `max_entries`, each defaulting to the values above.
     pub topics: BTreeMap<String, TopicDedup>,
@@ -121,14 +112,14 @@ pub struct TopicDedup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_entries: Option<usize>,
+    pub max_entries: Option<NonZeroUsize>,
 }
 
 impl Default for Dedup {
     fn default() -> Self {
         Self {
             window_s: 0,
-            max_entries: 100_000,
+            max_entries: NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN),
             topics: BTreeMap::new(),
         }
     }
@@ -382,12 +373,15 @@ pub struct Kafka {
     /// `UNIMESH_KAFKA_PROPERTIES="linger.ms=5,socket.timeout.ms=3000"` (laid over the file's,
     /// property by property). They cannot turn off
     /// what the contract needs (`acks`, idempotence, auto-commit).
+    #[serde(deserialize_with = "property_table")]
     pub properties: BTreeMap<String, String>,
     /// librdkafka properties for the producer (and the admin client) only, laid over
     /// `properties` (env `UNIMESH_KAFKA_PRODUCER`).
+    #[serde(deserialize_with = "property_table")]
     pub producer: BTreeMap<String, String>,
     /// librdkafka properties for the consumers only (`session.timeout.ms`, ...), laid over
     /// `properties` (env `UNIMESH_KAFKA_CONSUMER`).
+    #[serde(deserialize_with = "property_table")]
     pub consumer: BTreeMap<String, String>,
 }
 
@@ -410,24 +404,36 @@ impl Default for Kafka {
     }
 }
 
-/// The keys of the pass-through tables: any property name is allowed in them.
-const KAFKA_PROPERTY_TABLES: [&str; 3] = ["kafka.properties", "kafka.producer", "kafka.consumer"];
-
-/// Whether `key` names one of the pass-through tables.
-fn is_property_table(key: &str) -> bool {
-    KAFKA_PROPERTY_TABLES.contains(&key)
-}
-
-/// `k=v,k=v` as a table of strings (the environment form of `kafka.properties`).
-fn parse_properties(text: &str) -> Result<Table, String> {
-    let mut out = Table::new();
-    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let Some((k, v)) = pair.split_once('=') else {
-            return Err(format!("{pair:?} is not NAME=VALUE"));
-        };
-        out.insert(k.trim().to_owned(), Value::String(v.trim().to_owned()));
+/// A librdkafka properties table: every value a string, an integer or a boolean (the file
+/// may write `"linger.ms" = 5`), kept as its text.
+fn property_table<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Text(String);
+    impl<'de> Deserialize<'de> for Text {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl serde::de::Visitor<'_> for Visit {
+                type Value = Text;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a string, an integer or a boolean")
+                }
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text, E> {
+                    Ok(Text(v.to_owned()))
+                }
+                fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Text, E> {
+                    Ok(Text(v.to_string()))
+                }
+                fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Text, E> {
+                    Ok(Text(v.to_string()))
+                }
+                fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Text, E> {
+                    Ok(Text(v.to_string()))
+                }
+            }
+            d.deserialize_any(Visit)
+        }
     }
-    Ok(out)
+    let table = BTreeMap::<String, Text>::deserialize(d)?;
+    Ok(table.into_iter().map(|(k, Text(v))| (k, v)).collect())
 }
 
 /// The state store (epoch, progress, attempt ledger, subscriptions, DLQ ledger).
@@ -455,11 +461,11 @@ pub struct Engine {
     /// How long a fetch at the end of a partition waits at the log for new records.
     pub fetch_wait_ms: u64,
     /// About how many bytes one fetch reads.
-    pub fetch_max_bytes: usize,
+    pub fetch_max_bytes: NonZeroUsize,
     /// Requests queued for the engine task before callers wait (back-pressure).
-    pub command_capacity: usize,
+    pub command_capacity: NonZeroUsize,
     /// Most per-topic rate-limit rules.
-    pub max_rate_rules: usize,
+    pub max_rate_rules: NonZeroUsize,
 }
 
 /// The core's knobs ([`MeshConfig`]), with the per-subscription limits flattened in.
@@ -467,36 +473,36 @@ pub struct Engine {
 #[serde(deny_unknown_fields)]
 pub struct Mesh {
     /// Most subscription groups at once.
-    pub max_groups: usize,
+    pub max_groups: NonZeroUsize,
     /// Most clients attached to one group at once.
-    pub max_clients_per_group: usize,
+    pub max_clients_per_group: NonZeroUsize,
     /// Most partitions one group may be assigned.
-    pub max_partitions_per_group: usize,
+    pub max_partitions_per_group: NonZeroUsize,
     /// Most records of one group × partition held in memory and not done (fetched, in
     /// flight, waiting for redelivery); fetching pauses at it.
-    pub max_window_per_lane: usize,
+    pub max_window_per_lane: NonZeroUsize,
     /// Most ACK ranges above the watermark of one group × partition; fetching pauses at it
     /// (nothing is dropped).
-    pub max_ack_ranges_per_lane: usize,
+    pub max_ack_ranges_per_lane: NonZeroUsize,
     /// Most records asked for by one fetch from the log.
-    pub fetch_batch: usize,
+    pub fetch_batch: NonZeroUsize,
     /// How long a failed fetch waits before it is retried.
     pub fetch_retry_ms: u64,
     /// ACKs, attempt counts and dead letters are made durable together once per interval.
-    pub flush_interval_ms: u64,
+    pub flush_interval_ms: NonZeroU64,
     /// Most progress writes in flight to the state store at once.
-    pub max_outstanding_persists: usize,
+    pub max_outstanding_persists: NonZeroUsize,
     /// A client with no poll waiting, nothing in flight and no activity for this long is
     /// removed.
     pub client_idle_timeout_ms: u64,
     /// Most DLQ records replayed into one group at once.
-    pub max_replay_per_group: usize,
+    pub max_replay_per_group: NonZeroUsize,
     /// Largest `ackTimeoutMs` a subscription may ask for.
-    pub max_ack_timeout_ms: u64,
+    pub max_ack_timeout_ms: NonZeroU64,
     /// Largest `maxAttempts` a subscription may ask for.
-    pub max_attempts: u32,
+    pub max_attempts: NonZeroU32,
     /// Largest `maxInFlightPerClient` a subscription may ask for.
-    pub max_in_flight_per_client: u32,
+    pub max_in_flight_per_client: NonZeroU32,
     /// Largest `backoff.maxMs` a subscription may ask for.
     pub max_backoff_ms: u64,
 }
@@ -589,9 +595,9 @@ impl From<&crate::engine::EngineConfig> for Engine {
     fn from(c: &crate::engine::EngineConfig) -> Self {
         Self {
             fetch_wait_ms: c.fetch_wait_ms,
-            fetch_max_bytes: c.fetch_max_bytes,
-            command_capacity: c.command_capacity,
-            max_rate_rules: c.max_rate_rules,
+            fetch_max_bytes: nonzero(c.fetch_max_bytes),
+            command_capacity: nonzero(c.command_capacity),
+            max_rate_rules: nonzero(c.max_rate_rules),
         }
     }
 }
@@ -599,23 +605,46 @@ impl From<&crate::engine::EngineConfig> for Engine {
 impl From<&MeshConfig> for Mesh {
     fn from(c: &MeshConfig) -> Self {
         Self {
-            max_groups: c.max_groups,
-            max_clients_per_group: c.max_clients_per_group,
-            max_partitions_per_group: c.max_partitions_per_group,
-            max_window_per_lane: c.max_window_per_lane,
-            max_ack_ranges_per_lane: c.max_ack_ranges_per_lane,
-            fetch_batch: c.fetch_batch,
+            max_groups: nonzero(c.max_groups),
+            max_clients_per_group: nonzero(c.max_clients_per_group),
+            max_partitions_per_group: nonzero(c.max_partitions_per_group),
+            max_window_per_lane: nonzero(c.max_window_per_lane),
+            max_ack_ranges_per_lane: nonzero(c.max_ack_ranges_per_lane),
+            fetch_batch: nonzero(c.fetch_batch),
             fetch_retry_ms: c.fetch_retry_ms,
-            flush_interval_ms: c.flush_interval_ms,
-            max_outstanding_persists: c.max_outstanding_persists,
+            flush_interval_ms: nonzero(c.flush_interval_ms),
+            max_outstanding_persists: nonzero(c.max_outstanding_persists),
             client_idle_timeout_ms: c.client_idle_timeout_ms,
-            max_replay_per_group: c.max_replay_per_group,
-            max_ack_timeout_ms: c.limits.max_ack_timeout_ms,
-            max_attempts: c.limits.max_attempts,
-            max_in_flight_per_client: c.limits.max_in_flight_per_client,
+            max_replay_per_group: nonzero(c.max_replay_per_group),
+            max_ack_timeout_ms: nonzero(c.limits.max_ack_timeout_ms),
+            max_attempts: nonzero(c.limits.max_attempts),
+            max_in_flight_per_client: nonzero(c.limits.max_in_flight_per_client),
             max_backoff_ms: c.limits.max_backoff_ms,
         }
     }
+}
+
+/// A default of the core's or the engine's (never zero; `defaults_round_trip_and_match_the_design`
+/// checks that the defaults survive this unchanged), as its `NonZero` type.
+fn nonzero<T: TryInto<N> + Copy, N: NonZeroMin>(v: T) -> N {
+    v.try_into().unwrap_or(N::MIN)
+}
+
+/// The smallest value of a `NonZero` type, the fallback of [`nonzero`].
+trait NonZeroMin {
+    const MIN: Self;
+}
+
+impl NonZeroMin for NonZeroUsize {
+    const MIN: Self = NonZeroUsize::MIN;
+}
+
+impl NonZeroMin for NonZeroU64 {
+    const MIN: Self = NonZeroU64::MIN;
+}
+
+impl NonZeroMin for NonZeroU32 {
+    const MIN: Self = NonZeroU32::MIN;
 }
 
 impl Config {
@@ -624,17 +653,17 @@ impl Config {
     pub fn mesh_config(&self) -> MeshConfig {
         let m = &self.mesh;
         MeshConfig {
-            max_groups: m.max_groups,
-            max_clients_per_group: m.max_clients_per_group,
-            max_partitions_per_group: m.max_partitions_per_group,
-            max_window_per_lane: m.max_window_per_lane,
-            max_ack_ranges_per_lane: m.max_ack_ranges_per_lane,
-            fetch_batch: m.fetch_batch,
+            max_groups: m.max_groups.get(),
+            max_clients_per_group: m.max_clients_per_group.get(),
+            max_partitions_per_group: m.max_partitions_per_group.get(),
+            max_window_per_lane: m.max_window_per_lane.get(),
+            max_ack_ranges_per_lane: m.max_ack_ranges_per_lane.get(),
+            fetch_batch: m.fetch_batch.get(),
             fetch_retry_ms: m.fetch_retry_ms,
-            flush_interval_ms: m.flush_interval_ms,
-            max_outstanding_persists: m.max_outstanding_persists,
+            flush_interval_ms: m.flush_interval_ms.get(),
+            max_outstanding_persists: m.max_outstanding_persists.get(),
             client_idle_timeout_ms: m.client_idle_timeout_ms,
-            max_replay_per_group: m.max_replay_per_group,
+            max_replay_per_group: m.max_replay_per_group.get(),
             // Kafka keeps group offsets: the committed offset is the group's watermark.
             commit_to_broker: self.storage.backend == StorageBackend::Kafka,
             limits: self.subscription_limits(),
@@ -649,9 +678,9 @@ impl Config {
         crate::engine::EngineConfig {
             mesh: self.mesh_config(),
             fetch_wait_ms: self.engine.fetch_wait_ms,
-            fetch_max_bytes: self.engine.fetch_max_bytes,
-            command_capacity: self.engine.command_capacity,
-            max_rate_rules: self.engine.max_rate_rules,
+            fetch_max_bytes: self.engine.fetch_max_bytes.get(),
+            command_capacity: self.engine.command_capacity.get(),
+            max_rate_rules: self.engine.max_rate_rules.get(),
             retention_interval_ms: if retains { s.retention_check_ms } else { 0 },
             dedup: self.dedup_config(),
         }
@@ -662,10 +691,10 @@ impl Config {
     pub fn dedup_config(&self) -> crate::engine::dedup::DedupConfig {
         use crate::engine::dedup::{DedupConfig, WindowRule};
         let d = &self.dedup;
-        let rule = |window_s: u64, max_entries: usize| {
+        let rule = |window_s: u64, max_entries: NonZeroUsize| {
             (window_s > 0).then_some(WindowRule {
                 window_ms: window_s.saturating_mul(1_000),
-                max_entries,
+                max_entries: max_entries.get(),
             })
         };
         DedupConfig {
@@ -687,9 +716,9 @@ impl Config {
 
     pub fn subscription_limits(&self) -> SubscriptionLimits {
         SubscriptionLimits {
-            max_ack_timeout_ms: self.mesh.max_ack_timeout_ms,
-            max_attempts: self.mesh.max_attempts,
-            max_in_flight_per_client: self.mesh.max_in_flight_per_client,
+            max_ack_timeout_ms: self.mesh.max_ack_timeout_ms.get(),
+            max_attempts: self.mesh.max_attempts.get(),
+            max_in_flight_per_client: self.mesh.max_in_flight_per_client.get(),
             max_backoff_ms: self.mesh.max_backoff_ms,
         }
     }
@@ -736,8 +765,6 @@ impl Config {
         }
     }
 
-    /// Checks relations between settings that each type alone cannot express. The error
-    /// names the key.
     /// Whether requests need credentials: identities, JWTs or client certificates are
     /// configured.
     pub fn auth_on(&self) -> bool {
@@ -756,65 +783,49 @@ impl Config {
             .collect()
     }
 
-    /// `[dedup]`: every window and entry bound in range, every topic a topic name.
-    fn validate_dedup(&self) -> Result<(), ConfigError> {
-        use crate::engine::dedup::{MAX_ENTRIES, MAX_WINDOW_MS};
-        let bad = |key: String, why: String| Err(ConfigError::Invalid { key, why });
-        let max_window_s = MAX_WINDOW_MS / 1_000;
-        let window = |key: String, v: u64| {
-            if v > max_window_s {
-                return bad(
-                    key,
-                    format!("is {v}: must be between 0 (off) and {max_window_s} seconds (a week)"),
-                );
-            }
-            Ok(())
-        };
-        let entries = |key: String, v: usize| {
-            if v == 0 || v > MAX_ENTRIES {
-                return bad(key, format!("is {v}: must be between 1 and {MAX_ENTRIES}"));
-            }
-            Ok(())
-        };
-        let d = &self.dedup;
-        window("dedup.window_s".into(), d.window_s)?;
-        entries("dedup.max_entries".into(), d.max_entries)?;
-        for (name, t) in &d.topics {
-            let key = |k: &str| format!("{DEDUP_TOPICS_KEY}.{name}{k}");
-            if let Err(e) = unimesh_core::TopicName::new(name) {
-                return bad(key(""), format!("is not a topic name: {e}"));
-            }
-            if let Some(v) = t.window_s {
-                window(key(".window_s"), v)?;
-            }
-            if let Some(v) = t.max_entries {
-                entries(key(".max_entries"), v)?;
-            }
-        }
-        Ok(())
-    }
-
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: &str, why: String| {
-            Err(ConfigError::Invalid {
-                key: key.to_owned(),
-                why,
-            })
-        };
+    /// Checks every section (each by its own `validate`) and the relations between them.
+    /// The error names the key; `load` adds where its value came from.
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.http == self.admin && self.http.port() != 0 {
-            return bad(
+            return refuse(
                 "admin",
                 format!("{} is also the traffic address (http)", self.admin),
             );
         }
         if self.data.as_os_str().is_empty() {
-            return bad("data", "must not be empty".into());
+            return refuse("data", "must not be empty");
         }
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log) {
-            return bad("log", format!("is not a log filter: {e}"));
+            return refuse("log", format!("is not a log filter: {e}"));
         }
-        let l = &self.limits;
-        let positive: [(&str, u64); 10] = [
+        self.limits.validate()?;
+        self.server.validate()?;
+        self.push.validate()?;
+        self.auth
+            .validate()
+            .map_err(|(key, why)| Invalid { key, why })?;
+        self.storage.validate(&self.limits)?;
+        self.dedup.validate()?;
+        if self.storage.backend == StorageBackend::Kafka {
+            self.kafka.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// `Err` naming the first of `values` that is zero.
+fn at_least_one(values: &[(&str, u64)]) -> Result<(), Invalid> {
+    match values.iter().find(|(_, v)| *v == 0) {
+        Some((key, _)) => refuse(key, "must be at least 1"),
+        None => Ok(()),
+    }
+}
+
+impl Limits {
+    /// `[limits]`: every bound at least 1, every default within its maximum.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let l = self;
+        at_least_one(&[
             ("limits.max_request_bytes", l.max_request_bytes as u64),
             ("limits.max_event_bytes", l.max_event_bytes as u64),
             ("limits.max_batch_events", l.max_batch_events as u64),
@@ -828,90 +839,69 @@ impl Config {
             ("limits.max_dlq_page", l.max_dlq_page as u64),
             ("limits.max_pending_requests", l.max_pending_requests as u64),
             ("limits.default_dlq_page", l.default_dlq_page as u64),
-        ];
-        for (key, v) in positive {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
-            }
-        }
-        if l.body_read_timeout_ms == 0 {
-            return bad("limits.body_read_timeout_ms", "must be at least 1".into());
-        }
+            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+        ])?;
         if l.max_event_bytes > l.max_request_bytes {
-            return bad(
+            return refuse(
                 "limits.max_event_bytes",
-                "must not exceed limits.max_request_bytes".into(),
+                "must not exceed limits.max_request_bytes",
             );
         }
         if l.max_poll_events > POLL_EVENTS_HARD_MAX {
-            return bad(
+            return refuse(
                 "limits.max_poll_events",
                 format!("must be at most {POLL_EVENTS_HARD_MAX}"),
             );
         }
         if l.default_poll_events > l.max_poll_events {
-            return bad(
+            return refuse(
                 "limits.default_poll_events",
-                "must not exceed limits.max_poll_events".into(),
+                "must not exceed limits.max_poll_events",
             );
         }
         if l.max_wait_ms > WAIT_MS_HARD_MAX {
-            return bad(
+            return refuse(
                 "limits.max_wait_ms",
                 format!("must be at most {WAIT_MS_HARD_MAX}"),
             );
         }
         if l.default_wait_ms > l.max_wait_ms {
-            return bad(
+            return refuse(
                 "limits.default_wait_ms",
-                "must not exceed limits.max_wait_ms".into(),
+                "must not exceed limits.max_wait_ms",
             );
         }
         if l.default_dlq_page > l.max_dlq_page {
-            return bad(
+            return refuse(
                 "limits.default_dlq_page",
-                "must not exceed limits.max_dlq_page".into(),
+                "must not exceed limits.max_dlq_page",
             );
         }
-        if self.server.max_connections == 0 {
-            return bad("server.max_connections", "must be at least 1".into());
-        }
-        if self.server.header_read_timeout_ms == 0 {
-            return bad("server.header_read_timeout_ms", "must be at least 1".into());
-        }
-        for (key, v) in [
-            ("push.max_concurrency", u64::from(self.push.max_concurrency)),
-            ("push.request_timeout_ms", self.push.request_timeout_ms),
-            ("push.scan_interval_ms", self.push.scan_interval_ms),
-            ("server.max_streams", self.server.max_streams as u64),
-            ("server.stream_window", u64::from(self.server.stream_window)),
-            (
-                "server.stream_heartbeat_ms",
-                self.server.stream_heartbeat_ms,
-            ),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
-            }
-        }
-        if !(MIN_CONSOLE_INTERVAL_MS..=MAX_CONSOLE_INTERVAL_MS)
-            .contains(&self.server.console_interval_ms)
+        Ok(())
+    }
+}
+
+impl Server {
+    /// `[server]` and `[server.tls]`.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        at_least_one(&[
+            ("server.max_connections", self.max_connections as u64),
+            ("server.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("server.max_streams", self.max_streams as u64),
+            ("server.stream_window", u64::from(self.stream_window)),
+            ("server.stream_heartbeat_ms", self.stream_heartbeat_ms),
+        ])?;
+        if !(MIN_CONSOLE_INTERVAL_MS..=MAX_CONSOLE_INTERVAL_MS).contains(&self.console_interval_ms)
         {
-            return bad(
+            return refuse(
                 "server.console_interval_ms",
                 format!("must be between {MIN_CONSOLE_INTERVAL_MS} and {MAX_CONSOLE_INTERVAL_MS}"),
             );
         }
-        if let Err(why) = crate::http::target::TargetPolicy::parse(&self.push.allowed_hosts) {
-            return bad("push.allowed_hosts", why);
+        if let Err(why) = crate::http::cors::Origins::parse(&self.cors_allowed_origins) {
+            return refuse("server.cors_allowed_origins", why);
         }
-        if let Err(why) = crate::http::cors::Origins::parse(&self.server.cors_allowed_origins) {
-            return bad("server.cors_allowed_origins", why);
-        }
-        if let Err((key, why)) = self.auth.validate() {
-            return bad(&key, why);
-        }
-        let tls = &self.server.tls;
+        let tls = &self.tls;
         let set = |p: &PathBuf| !p.as_os_str().is_empty();
         if set(&tls.cert) != set(&tls.key) {
             let (key, other) = if set(&tls.cert) {
@@ -919,21 +909,45 @@ impl Config {
             } else {
                 ("server.tls.cert", "server.tls.key")
             };
-            return bad(key, format!("must be set together with {other}"));
+            return refuse(key, format!("must be set together with {other}"));
         }
         if set(&tls.client_ca) && !tls.enabled() {
-            return bad(
+            return refuse(
                 "server.tls.client_ca",
-                "needs server.tls.cert and server.tls.key (client certificates come with TLS)"
-                    .into(),
+                "needs server.tls.cert and server.tls.key (client certificates come with TLS)",
             );
         }
-        let s = &self.storage;
-        if s.max_partitions == 0 {
-            return bad("storage.max_partitions", "must be at least 1".into());
+        Ok(())
+    }
+}
+
+impl Push {
+    /// `[push]`.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        at_least_one(&[
+            ("push.max_concurrency", u64::from(self.max_concurrency)),
+            ("push.request_timeout_ms", self.request_timeout_ms),
+            ("push.scan_interval_ms", self.scan_interval_ms),
+        ])?;
+        if let Err(why) = crate::http::target::TargetPolicy::parse(&self.allowed_hosts) {
+            return refuse("push.allowed_hosts", why);
         }
+        Ok(())
+    }
+}
+
+impl Storage {
+    /// `[storage]`; a record must hold the stored form of an event of `limits`.
+    pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        let s = self;
+        at_least_one(&[
+            ("storage.max_partitions", u64::from(s.max_partitions)),
+            ("storage.max_topics", s.max_topics as u64),
+            ("storage.queue_capacity", s.queue_capacity as u64),
+            ("storage.retention_check_ms", s.retention_check_ms),
+        ])?;
         if s.default_partitions == 0 || s.default_partitions > s.max_partitions {
-            return bad(
+            return refuse(
                 "storage.default_partitions",
                 format!(
                     "must be between 1 and storage.max_partitions ({})",
@@ -943,39 +957,28 @@ impl Config {
         }
         // Base64 grows binary data by 4/3; the rest of the stored JSON (attributes) is
         // bounded by the event size already, plus a little for the stored framing.
-        let room = l
+        let room = limits
             .max_event_bytes
-            .saturating_add(l.max_event_bytes / 3)
+            .saturating_add(limits.max_event_bytes / 3)
             .saturating_add(4096);
         if s.max_record_bytes < room {
-            return bad(
+            return refuse(
                 "storage.max_record_bytes",
                 format!(
                     "must be at least {room} to hold the stored form of an event of \
                      limits.max_event_bytes ({})",
-                    l.max_event_bytes
+                    limits.max_event_bytes
                 ),
             );
         }
         if s.max_batch_bytes < s.max_record_bytes {
-            return bad(
+            return refuse(
                 "storage.max_batch_bytes",
-                "must be at least storage.max_record_bytes".into(),
+                "must be at least storage.max_record_bytes",
             );
         }
-        for (key, v) in [
-            ("storage.max_topics", s.max_topics),
-            ("storage.queue_capacity", s.queue_capacity),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
-            }
-        }
-        if s.retention_check_ms == 0 {
-            return bad("storage.retention_check_ms", "must be at least 1".into());
-        }
         if s.sync_interval_ms == 0 || s.sync_interval_ms > crate::log::MAX_SYNC_INTERVAL_MS {
-            return bad(
+            return refuse(
                 "storage.sync_interval_ms",
                 format!(
                     "must be between 1 and {} (the loss window on a machine crash)",
@@ -984,85 +987,86 @@ impl Config {
             );
         }
         if s.read_cache_bytes as u64 > crate::log::MAX_READ_CACHE_BYTES {
-            return bad(
+            return refuse(
                 "storage.read_cache_bytes",
                 format!("must be at most {}", crate::log::MAX_READ_CACHE_BYTES),
             );
         }
-        self.validate_dedup()?;
-        let k = &self.kafka;
-        if s.backend == StorageBackend::Kafka {
-            if k.brokers.split(',').all(|b| b.trim().is_empty()) {
-                return bad("kafka.brokers", "must name at least one HOST:PORT".into());
+        Ok(())
+    }
+}
+
+impl Kafka {
+    /// `[kafka]`, checked when `storage.backend = "kafka"`.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let k = self;
+        if k.brokers.split(',').all(|b| b.trim().is_empty()) {
+            return refuse("kafka.brokers", "must name at least one HOST:PORT");
+        }
+        at_least_one(&[
+            ("kafka.replication", u64::from(k.replication)),
+            ("kafka.request_timeout_ms", k.request_timeout_ms),
+        ])?;
+        for (key, topic) in [
+            ("kafka.progress_topic", &k.progress_topic),
+            ("kafka.subscriptions_topic", &k.subscriptions_topic),
+        ] {
+            if let Err(e) = unimesh_core::TopicName::new(topic) {
+                return refuse(key, format!("is not a topic name: {e}"));
             }
-            if k.replication == 0 {
-                return bad("kafka.replication", "must be at least 1".into());
-            }
-            for (key, topic) in [
-                ("kafka.progress_topic", &k.progress_topic),
-                ("kafka.subscriptions_topic", &k.subscriptions_topic),
-            ] {
-                if let Err(e) = unimesh_core::TopicName::new(topic) {
-                    return bad(key, format!("is not a topic name: {e}"));
-                }
-            }
-            if k.progress_topic == k.subscriptions_topic {
-                return bad(
-                    "kafka.subscriptions_topic",
-                    "must differ from kafka.progress_topic".into(),
+        }
+        if k.progress_topic == k.subscriptions_topic {
+            return refuse(
+                "kafka.subscriptions_topic",
+                "must differ from kafka.progress_topic",
+            );
+        }
+        crate::kafka::check_properties(k).map_err(|(key, why)| Invalid { key, why })
+    }
+}
+
+impl Dedup {
+    /// `[dedup]`: every window in range, every entry bound at most `MAX_ENTRIES` (at least 1
+    /// by its type), every topic a topic name.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        use crate::engine::dedup::{MAX_ENTRIES, MAX_WINDOW_MS};
+        let max_window_s = MAX_WINDOW_MS / 1_000;
+        let window = |key: &str, v: u64| {
+            if v > max_window_s {
+                return refuse(
+                    key,
+                    format!("is {v}: must be between 0 (off) and {max_window_s} seconds (a week)"),
                 );
             }
-            if k.request_timeout_ms == 0 {
-                return bad("kafka.request_timeout_ms", "must be at least 1".into());
+            Ok(())
+        };
+        let entries = |key: &str, v: NonZeroUsize| {
+            if v.get() > MAX_ENTRIES {
+                return refuse(key, format!("is {v}: must be between 1 and {MAX_ENTRIES}"));
             }
-            if let Err((key, why)) = crate::kafka::check_properties(k) {
-                return bad(&key, why);
+            Ok(())
+        };
+        window("dedup.window_s", self.window_s)?;
+        entries("dedup.max_entries", self.max_entries)?;
+        for (name, t) in &self.topics {
+            let key = |k: &str| format!("{DEDUP_TOPICS_KEY}.{name}{k}");
+            if let Err(e) = unimesh_core::TopicName::new(name) {
+                return refuse(&key(""), format!("is not a topic name: {e}"));
             }
-        }
-        let e = &self.engine;
-        for (key, v) in [
-            ("engine.fetch_max_bytes", e.fetch_max_bytes),
-            ("engine.command_capacity", e.command_capacity),
-            ("engine.max_rate_rules", e.max_rate_rules),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
+            if let Some(v) = t.window_s {
+                window(&key(".window_s"), v)?;
             }
-        }
-        let m = &self.mesh;
-        for (key, v) in [
-            ("mesh.max_groups", m.max_groups),
-            ("mesh.max_clients_per_group", m.max_clients_per_group),
-            ("mesh.max_partitions_per_group", m.max_partitions_per_group),
-            ("mesh.max_window_per_lane", m.max_window_per_lane),
-            ("mesh.max_ack_ranges_per_lane", m.max_ack_ranges_per_lane),
-            ("mesh.fetch_batch", m.fetch_batch),
-            ("mesh.max_outstanding_persists", m.max_outstanding_persists),
-            ("mesh.max_replay_per_group", m.max_replay_per_group),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
-            }
-        }
-        for (key, v) in [
-            ("mesh.flush_interval_ms", m.flush_interval_ms),
-            ("mesh.max_ack_timeout_ms", m.max_ack_timeout_ms),
-            ("mesh.max_attempts", u64::from(m.max_attempts)),
-            (
-                "mesh.max_in_flight_per_client",
-                u64::from(m.max_in_flight_per_client),
-            ),
-        ] {
-            if v == 0 {
-                return bad(key, "must be at least 1".into());
+            if let Some(v) = t.max_entries {
+                entries(&key(".max_entries"), v)?;
             }
         }
         Ok(())
     }
 }
 
-/// Why the configuration could not be built. Each variant names the file, variable, flag or
-/// key at fault.
+/// Why the configuration could not be built: one line naming the key (or the file, or the
+/// variable) and where the refused value came from (`config file PATH`, `environment
+/// variable NAME`, `flag --NAME` or `default`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -1073,399 +1077,52 @@ pub enum ConfigError {
     },
     #[error("config file {path} is not valid TOML: {message}")]
     ParseFile { path: PathBuf, message: String },
-    #[error("unknown key `{key}` in config file {path}{hint}")]
+    #[error("unknown key `{key}` in {origin}{hint}")]
     UnknownKey {
-        path: PathBuf,
         key: String,
+        origin: String,
         hint: String,
     },
+    #[error(
+        "unknown environment variable {name}: UNIMESH_* variables are configuration keys \
+         (UNIMESH_ + the dotted key in upper case, _ for .; --print-config lists them){hint}"
+    )]
+    UnknownEnv { name: String, hint: String },
     #[error("`{key}` in {origin} must be {expected}, not {found}")]
     WrongType {
         origin: String,
         key: String,
-        expected: &'static str,
+        expected: String,
         found: String,
     },
-    #[error("{key}: {why}")]
-    Invalid { key: String, why: String },
+    #[error("{key} ({origin}): {why}")]
+    Invalid {
+        key: String,
+        origin: String,
+        why: String,
+    },
 }
 
-/// Flags given on the command line: each overrides every other source.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Overrides {
-    pub config: Option<PathBuf>,
-    pub http: Option<String>,
-    pub admin: Option<String>,
-    pub data: Option<PathBuf>,
-    /// `--storage`: `storage.backend`.
-    pub storage: Option<String>,
-    /// `--kafka-brokers`: `kafka.brokers`.
-    pub kafka_brokers: Option<String>,
-    /// `--kafka-instance`: `kafka.instance`.
-    pub kafka_instance: Option<String>,
-    /// `--insecure`: `server.insecure = true`.
-    pub insecure: bool,
-    /// `--tls-cert`: `server.tls.cert`.
-    pub tls_cert: Option<PathBuf>,
-    /// `--tls-key`: `server.tls.key`.
-    pub tls_key: Option<PathBuf>,
+/// A value refused by its section's check: the dotted key and why (the loader adds where
+/// the value came from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    pub key: String,
+    pub why: String,
 }
 
-/// The result of [`load`]: the configuration and what it was made of, for the startup log.
-#[derive(Clone, Debug)]
-pub struct Loaded {
-    pub config: Config,
-    /// The file read, if any.
-    pub file: Option<PathBuf>,
-    /// `UNIMESH_*` variables that are neither configuration keys nor known to the project
-    /// (a typo, most likely): reported as warnings once logging is up.
-    pub unknown_env: Vec<String>,
-}
-
-/// Builds the configuration from the defaults, the file (`overrides.config`, else
-/// `UNIMESH_CONFIG`), the given environment and the flags.
-pub fn load<I>(overrides: &Overrides, env: I) -> Result<Loaded, ConfigError>
-where
-    I: IntoIterator<Item = (String, String)>,
-{
-    let env: BTreeMap<String, String> = env
-        .into_iter()
-        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
-        .collect();
-    let mut table = default_table();
-    let file = overrides
-        .config
-        .clone()
-        .or_else(|| env.get(ENV_CONFIG_FILE).map(PathBuf::from));
-    if let Some(path) = &file {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
-            path: path.clone(),
-            source,
-        })?;
-        let parsed: Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ConfigError::ParseFile {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-        merge_file(&mut table, parsed, path, "")?;
-    }
-    let unknown_env = apply_env(&mut table, &env)?;
-    let flags = [
-        ("http", "http", overrides.http.clone()),
-        ("admin", "admin", overrides.admin.clone()),
-        (
-            "data",
-            "data",
-            overrides.data.as_ref().map(|p| p.display().to_string()),
-        ),
-        ("storage.backend", "storage", overrides.storage.clone()),
-        (
-            "kafka.brokers",
-            "kafka-brokers",
-            overrides.kafka_brokers.clone(),
-        ),
-        (
-            "kafka.instance",
-            "kafka-instance",
-            overrides.kafka_instance.clone(),
-        ),
-        (
-            "server.insecure",
-            "insecure",
-            overrides.insecure.then(|| "true".to_owned()),
-        ),
-        (
-            "server.tls.cert",
-            "tls-cert",
-            overrides.tls_cert.as_ref().map(|p| p.display().to_string()),
-        ),
-        (
-            "server.tls.key",
-            "tls-key",
-            overrides.tls_key.as_ref().map(|p| p.display().to_string()),
-        ),
-    ];
-    for (key, flag, value) in flags {
-        if let Some(value) = value {
-            set_from_text(&mut table, key, &value, &format!("flag --{flag}"))?;
-        }
-    }
-    for key in ["http", "admin"] {
-        if let Some(Value::String(addr)) = table.get(key) {
-            if addr.parse::<SocketAddr>().is_err() {
-                return Err(ConfigError::Invalid {
-                    key: key.to_owned(),
-                    why: format!(
-                        "{addr:?} is not an IP:PORT address (e.g. 127.0.0.1:8080, 0.0.0.0:8080 \
-                         or [::1]:8080; host names are not resolved)"
-                    ),
-                });
-            }
-        }
-    }
-    let config = from_table(table)?;
-    config.validate()?;
-    Ok(Loaded {
-        config,
-        file,
-        unknown_env,
-    })
-}
-
-fn default_table() -> Table {
-    // Serialising plain structs of numbers, strings and paths into TOML cannot fail; the
-    // unit test `defaults_round_trip` proves it for the current fields.
-    Table::try_from(Config::default()).unwrap_or_default()
-}
-
-/// Lays `file` over `base`: every key must exist in `base` with a value of the same type.
-fn merge_file(base: &mut Table, file: Table, path: &Path, prefix: &str) -> Result<(), ConfigError> {
-    for (key, value) in file {
-        let full = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
-        };
-        let Some(slot) = base.get_mut(&key) else {
-            let known: Vec<&str> = base.keys().map(String::as_str).collect();
-            return Err(ConfigError::UnknownKey {
-                path: path.to_owned(),
-                key: full,
-                hint: format!(
-                    " (known keys{}: {})",
-                    if prefix.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" in [{prefix}]")
-                    },
-                    known.join(", ")
-                ),
-            });
-        };
-        let origin = || format!("config file {}", path.display());
-        match (slot, value) {
-            // Free names, each a table checked when the whole is deserialised.
-            (Value::Table(sub), Value::Table(v))
-                if full == auth::IDENTITIES_KEY || full == DEDUP_TOPICS_KEY =>
-            {
-                *sub = v
-            }
-            (Value::Table(sub), Value::Table(v)) if is_property_table(&full) => {
-                for (name, v) in v {
-                    let text = match v {
-                        Value::String(s) => s,
-                        Value::Integer(i) => i.to_string(),
-                        Value::Boolean(b) => b.to_string(),
-                        other => {
-                            return Err(ConfigError::WrongType {
-                                origin: origin(),
-                                key: format!("{full}.{name}"),
-                                expected: "a string, an integer or a boolean",
-                                found: format!("{} {other}", type_name(&other)),
-                            })
-                        }
-                    };
-                    sub.insert(name, Value::String(text));
-                }
-            }
-            (Value::Table(sub), Value::Table(v)) => merge_file(sub, v, path, &full)?,
-            (slot, value) => {
-                let value = conform(slot, value).map_err(|found| ConfigError::WrongType {
-                    origin: origin(),
-                    key: full.clone(),
-                    expected: type_name(slot),
-                    found,
-                })?;
-                *slot = value;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `value` converted to the type of `like`, or the description of what it is instead.
-fn conform(like: &Value, value: Value) -> Result<Value, String> {
-    match (like, value) {
-        (Value::Integer(_), Value::Integer(i)) if i >= 0 => Ok(Value::Integer(i)),
-        (Value::Integer(_), Value::Integer(i)) => Err(format!("the negative number {i}")),
-        (Value::Float(_), Value::Float(f)) => Ok(Value::Float(f)),
-        (Value::Float(_), Value::Integer(i)) => Ok(Value::Float(i as f64)),
-        (Value::String(_), Value::String(s)) => Ok(Value::String(s)),
-        (Value::Boolean(_), Value::Boolean(b)) => Ok(Value::Boolean(b)),
-        (_, other) => Err(format!("{} {}", type_name(&other), other)),
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::String(_) => "a string",
-        Value::Integer(_) => "a non-negative integer",
-        Value::Float(_) => "a number",
-        Value::Boolean(_) => "a boolean (true or false)",
-        Value::Datetime(_) => "a datetime",
-        Value::Array(_) => "an array",
-        Value::Table(_) => "a table",
-    }
-}
-
-/// Every leaf key of the defaults as a dotted path.
-fn leaf_keys(table: &Table, prefix: &str, out: &mut Vec<String>) {
-    for (key, value) in table {
-        let full = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
-        };
-        match value {
-            Value::Table(_)
-                if is_property_table(&full)
-                    || full == auth::IDENTITIES_KEY
-                    || full == DEDUP_TOPICS_KEY =>
-            {
-                out.push(full)
-            }
-            Value::Table(sub) => leaf_keys(sub, &full, out),
-            _ => out.push(full),
+impl Invalid {
+    pub fn new(key: &str, why: impl Into<String>) -> Self {
+        Self {
+            key: key.to_owned(),
+            why: why.into(),
         }
     }
 }
 
-/// The environment variable of a dotted key: `limits.max_wait_ms` → `UNIMESH_LIMITS_MAX_WAIT_MS`.
-pub fn env_name(key: &str) -> String {
-    format!("{ENV_PREFIX}{}", key.replace('.', "_").to_ascii_uppercase())
-}
-
-/// Every configuration key, dotted, in file order (for documentation and tests).
-pub fn keys() -> Vec<String> {
-    let mut out = Vec::new();
-    leaf_keys(&default_table(), "", &mut out);
-    out
-}
-
-fn apply_env(
-    table: &mut Table,
-    env: &BTreeMap<String, String>,
-) -> Result<Vec<String>, ConfigError> {
-    let by_env: BTreeMap<String, String> = keys().into_iter().map(|k| (env_name(&k), k)).collect();
-    let mut unknown = Vec::new();
-    for (name, value) in env {
-        match by_env.get(name) {
-            Some(key) => set_from_text(table, key, value, &format!("environment variable {name}"))?,
-            None if ENV_NOT_CONFIG.contains(&name.as_str()) => {}
-            None => unknown.push(name.clone()),
-        }
-    }
-    Ok(unknown)
-}
-
-/// Sets the leaf `key` from text, parsed with the type of its current value.
-fn set_from_text(
-    table: &mut Table,
-    key: &str,
-    text: &str,
-    origin: &str,
-) -> Result<(), ConfigError> {
-    let mut parts = key.split('.').peekable();
-    let mut cur = table;
-    while let Some(part) = parts.next() {
-        let Some(slot) = cur.get_mut(part) else {
-            break;
-        };
-        if parts.peek().is_none() {
-            let wrong = |expected: &'static str| ConfigError::WrongType {
-                origin: origin.to_owned(),
-                key: key.to_owned(),
-                expected,
-                found: format!("{text:?}"),
-            };
-            *slot = match slot {
-                Value::Integer(_) => {
-                    let n: u64 = text
-                        .trim()
-                        .parse()
-                        .map_err(|_| wrong("a non-negative integer"))?;
-                    Value::Integer(i64::try_from(n).map_err(|_| wrong("an integer below 2^63"))?)
-                }
-                Value::Float(_) => {
-                    Value::Float(text.trim().parse().map_err(|_| wrong("a number"))?)
-                }
-                Value::Boolean(_) => match text.trim() {
-                    "true" | "1" => Value::Boolean(true),
-                    "false" | "0" => Value::Boolean(false),
-                    _ => return Err(wrong("true or false")),
-                },
-                Value::Table(_) if key == auth::IDENTITIES_KEY => {
-                    return Err(wrong(
-                        "nothing: identities are set in the file ([auth.identities.NAME])",
-                    ))
-                }
-                Value::Table(_) if key == DEDUP_TOPICS_KEY => {
-                    return Err(wrong(
-                        "nothing: per-topic windows are set in the file ([dedup.topics.NAME])",
-                    ))
-                }
-                // Laid over the file's table property by property.
-                Value::Table(t) if is_property_table(key) => {
-                    let mut merged = t.clone();
-                    merged.extend(
-                        parse_properties(text).map_err(|_| wrong("NAME=VALUE,NAME=VALUE"))?,
-                    );
-                    Value::Table(merged)
-                }
-                _ => Value::String(text.to_owned()),
-            };
-            return Ok(());
-        }
-        match slot {
-            Value::Table(sub) => cur = sub,
-            _ => break,
-        }
-    }
-    // Only keys taken from the defaults reach here, so this is a bug, reported as one.
-    Err(ConfigError::Invalid {
-        key: key.to_owned(),
-        why: "is not a configuration key".into(),
-    })
-}
-
-/// Deserialises the merged table. Types were checked while merging, so what can still fail
-/// is a value's range or an unknown variant; the message is made to name the key.
-fn from_table(table: Table) -> Result<Config, ConfigError> {
-    // Through text, because toml's document deserializer reports the key path of an error
-    // (a `Value` deserializer does not).
-    let text = toml::to_string(&table).map_err(|e| ConfigError::Invalid {
-        key: String::new(),
-        why: e.to_string(),
-    })?;
-    toml::from_str::<Config>(&text).map_err(|e| ConfigError::Invalid {
-        key: located_key(&text, &e).unwrap_or_default(),
-        why: e.message().to_owned(),
-    })
-}
-
-/// The dotted key at the error's position in `text` (which `toml::to_string` wrote: one key
-/// per line, tables as `[name]` headers).
-fn located_key(text: &str, e: &toml::de::Error) -> Option<String> {
-    let span = e.span()?;
-    let mut section = String::new();
-    let mut pos = 0;
-    for line in text.lines() {
-        let end = pos + line.len();
-        let trimmed = line.trim();
-        if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
-            section = name.to_owned();
-        } else if span.start <= end {
-            let key = trimmed.split('=').next()?.trim();
-            return Some(if section.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{section}.{key}")
-            });
-        }
-        pos = end + 1;
-    }
-    None
+/// `Err` of a refused `key`.
+fn refuse(key: &str, why: impl Into<String>) -> Result<(), Invalid> {
+    Err(Invalid::new(key, why))
 }
 
 impl fmt::Display for StateBackend {
@@ -1506,6 +1163,11 @@ mod tests {
         f
     }
 
+    /// The error of a load that must fail, as the user reads it.
+    fn refused(o: &Overrides, pairs: &[(&str, &str)]) -> String {
+        load(o, env(pairs)).expect_err("refused").to_string()
+    }
+
     fn with_file(f: &tempfile::NamedTempFile) -> Overrides {
         Overrides {
             config: Some(f.path().to_owned()),
@@ -1518,8 +1180,8 @@ mod tests {
     #[test]
     fn the_example_file_lists_every_key_with_its_default() {
         const EXAMPLE: &str = include_str!("../../unimesh.example.toml");
-        let example: Table = toml::from_str(EXAMPLE).expect("the example is TOML");
-        let defaults = Table::try_from(Config::default()).expect("defaults serialise");
+        let example: toml::Table = toml::from_str(EXAMPLE).expect("the example is TOML");
+        let defaults = toml::Table::try_from(Config::default()).expect("defaults serialise");
         assert_eq!(example, defaults);
         let f = file(EXAMPLE);
         let loaded = load(&with_file(&f), env(&[])).expect("the example loads");
@@ -1528,10 +1190,21 @@ mod tests {
 
     #[test]
     fn defaults_round_trip_and_match_the_design() {
-        let table = Table::try_from(Config::default()).expect("defaults serialise");
+        let text = toml::to_string(&Config::default()).expect("defaults serialise");
         assert_eq!(
-            from_table(table).expect("defaults deserialise"),
+            toml::from_str::<Config>(&text).expect("defaults deserialise"),
             Config::default()
+        );
+        assert_eq!(
+            Engine::from(&crate::engine::EngineConfig::default()),
+            Config::default().engine
+        );
+        let e = Config::default().engine_config();
+        let d = crate::engine::EngineConfig::default();
+        assert_eq!(
+            (e.fetch_max_bytes, e.command_capacity, e.max_rate_rules),
+            (d.fetch_max_bytes, d.command_capacity, d.max_rate_rules),
+            "the engine's defaults pass through NonZero unchanged"
         );
         let c = load(&Overrides::default(), env(&[]))
             .expect("defaults load")
@@ -1694,18 +1367,198 @@ mod tests {
         assert!(err.starts_with("admin"), "{err}");
     }
 
+    /// Goal: a misspelt `UNIMESH_*` variable stops the load naming it (it used to be a
+    /// warning, easy to miss while the setting silently kept its default); the project's
+    /// own variables and other programs' are not refused. Method: load with each.
     #[test]
-    fn unknown_env_is_reported_not_fatal() {
+    fn unknown_env_is_refused_naming_the_variable() {
+        let err = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_HTPP", "127.0.0.1:9000"), ("PATH", "/bin")]),
+        )
+        .expect_err("an unknown variable is refused");
+        assert!(matches!(err, ConfigError::UnknownEnv { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("UNIMESH_HTPP"), "{text}");
+        assert!(text.contains("did you mean UNIMESH_HTTP?"), "{text}");
+        let err = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_LIMITS_MAX_WAIT", "5")]),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(
+            err.contains("did you mean UNIMESH_LIMITS_MAX_WAIT_MS?"),
+            "{err}"
+        );
         let loaded = load(
             &Overrides::default(),
             env(&[
-                ("UNIMESH_HTPP", "x"),
                 ("UNIMESH_SEED", "7"),
+                ("UNIMESH_TANSU", "/usr/bin/tansu"),
+                ("UNIMESH_TEST_LOGS", "1"),
                 ("PATH", "/bin"),
             ]),
         )
-        .expect("loads");
-        assert_eq!(loaded.unknown_env, vec!["UNIMESH_HTPP".to_owned()]);
+        .expect("the project's own variables are not configuration");
+        assert_eq!(loaded.config, Config::default());
+    }
+
+    /// Goal: every refusal names the key and the layer its value came from: the file's
+    /// path, the variable, the flag, or the default. Method: the same kinds of mistake
+    /// (unknown key, wrong type, zero where at least 1 is needed, a relation broken) from
+    /// each layer.
+    #[test]
+    fn every_error_names_the_key_and_its_source() {
+        let f = file("[mesh]\nmax_groups = 0\n");
+        let path = f.path().display().to_string();
+        let err = load(&with_file(&f), env(&[])).expect_err("refused");
+        match &err {
+            ConfigError::Invalid { key, origin, why } => {
+                assert_eq!(key, "mesh.max_groups");
+                assert_eq!(origin, &format!("config file {path}"));
+                assert_eq!(why, "is 0: must be at least 1");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            format!("mesh.max_groups (config file {path}): is 0: must be at least 1")
+        );
+        let err = refused(
+            &Overrides::default(),
+            &[("UNIMESH_ENGINE_COMMAND_CAPACITY", "0")],
+        );
+        assert_eq!(
+            err,
+            "engine.command_capacity (environment variable UNIMESH_ENGINE_COMMAND_CAPACITY): \
+             is 0: must be at least 1"
+        );
+        let err = refused(
+            &Overrides::default(),
+            &[("UNIMESH_LIMITS_MAX_POLL_EVENTS", "0")],
+        );
+        assert_eq!(
+            err,
+            "limits.max_poll_events (environment variable UNIMESH_LIMITS_MAX_POLL_EVENTS): \
+             must be at least 1"
+        );
+        // A relation: the value named is the one refused, and the default is a source too.
+        let err = refused(
+            &Overrides {
+                http: Some("127.0.0.1:8081".into()),
+                ..Overrides::default()
+            },
+            &[],
+        );
+        assert_eq!(
+            err,
+            "admin (default): 127.0.0.1:8081 is also the traffic address (http)"
+        );
+        let err = refused(
+            &Overrides {
+                storage: Some("rocks".into()),
+                ..Overrides::default()
+            },
+            &[],
+        );
+        assert_eq!(
+            err,
+            "storage.backend (flag --storage): is \"rocks\": must be one of embedded, kafka"
+        );
+        let f = file("[server]\nstream_windo = 5\n");
+        let err = refused(&with_file(&f), &[]);
+        assert!(
+            err.starts_with(&format!(
+                "unknown key `server.stream_windo` in config file {} (did you mean stream_window?)",
+                f.path().display()
+            )),
+            "{err}"
+        );
+        let f = file("[server]\ninsecure = \"yes\"\n");
+        let err = refused(&with_file(&f), &[]);
+        assert_eq!(
+            err,
+            format!(
+                "`server.insecure` in config file {} must be a boolean (true or false), not \
+                 the string \"yes\"",
+                f.path().display()
+            )
+        );
+        let err = refused(&Overrides::default(), &[("UNIMESH_SERVER_INSECURE", "yes")]);
+        assert_eq!(
+            err,
+            "`server.insecure` in environment variable UNIMESH_SERVER_INSECURE must be true or \
+             false, not \"yes\""
+        );
+        // A property name holding dots is named whole, with the variable that set it.
+        let err = refused(
+            &Overrides::default(),
+            &[
+                ("UNIMESH_STORAGE_BACKEND", "kafka"),
+                ("UNIMESH_KAFKA_CONSUMER", "enable.auto.commit=true"),
+            ],
+        );
+        assert!(
+            err.starts_with(
+                "kafka.consumer.enable.auto.commit (environment variable UNIMESH_KAFKA_CONSUMER):"
+            ),
+            "{err}"
+        );
+        let f = file("[mesh]\nmax_attempts = 99999999999\n");
+        let err = refused(&with_file(&f), &[]);
+        assert!(
+            err.ends_with("is 99999999999: must be at most 4294967295"),
+            "{err}"
+        );
+        for text in ["[dedup]\nmax_entries = 0\n", "[mesh]\nmax_attempts = 0\n"] {
+            let f = file(text);
+            let err = load(&with_file(&f), env(&[])).expect_err(text).to_string();
+            assert!(err.contains(&f.path().display().to_string()), "{err}");
+        }
+    }
+
+    /// Goal: a key set in all three layers takes the flag's value, one set in the file and
+    /// the environment the environment's, for every kind of value (address, path, number,
+    /// enum, boolean, a Kafka property). Method: one load with all layers.
+    #[test]
+    fn each_layer_overrides_the_one_below_key_by_key() {
+        let f = file(
+            "http = \"127.0.0.1:1001\"\n[storage]\nbackend = \"embedded\"\nmax_topics = 5\n\
+             [server]\ninsecure = false\nstream_window = 7\n\
+             [kafka.properties]\n\"linger.ms\" = 1\n\"client.rack\" = \"r1\"\n",
+        );
+        let e = env(&[
+            ("UNIMESH_HTTP", "127.0.0.1:2001"),
+            ("UNIMESH_STORAGE_BACKEND", "kafka"),
+            ("UNIMESH_STORAGE_MAX_TOPICS", "6"),
+            ("UNIMESH_SERVER_INSECURE", "1"),
+            ("UNIMESH_KAFKA_PROPERTIES", "linger.ms=2"),
+        ]);
+        let o = Overrides {
+            http: Some("127.0.0.1:3001".into()),
+            storage: Some("embedded".into()),
+            ..with_file(&f)
+        };
+        let c = load(&o, e).expect("loads").config;
+        assert_eq!(
+            c.http.to_string(),
+            "127.0.0.1:3001",
+            "flag over env over file"
+        );
+        assert_eq!(c.storage.backend, StorageBackend::Embedded, "flag over env");
+        assert_eq!(c.storage.max_topics, 6, "env over file");
+        assert!(c.server.insecure, "env over file");
+        assert_eq!(c.server.stream_window, 7, "file over default");
+        assert_eq!(c.server.max_streams, 1_000, "default");
+        assert_eq!(
+            c.kafka.properties["linger.ms"], "2",
+            "env over file, per property"
+        );
+        assert_eq!(
+            c.kafka.properties["client.rack"], "r1",
+            "the file's others kept"
+        );
     }
 
     #[test]
@@ -1825,7 +1678,7 @@ mod tests {
         ] {
             let f = file(text);
             match load(&with_file(&f), env(&[])) {
-                Err(ConfigError::Invalid { key: k, why }) => {
+                Err(ConfigError::Invalid { key: k, why, .. }) => {
                     assert_eq!(k, key, "{text}");
                     assert!(why.contains("must") || why.contains("not a topic"), "{why}");
                 }

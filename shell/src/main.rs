@@ -125,9 +125,6 @@ fn main() -> ExitCode {
         }
     };
     if args.print_config {
-        for name in &loaded.unknown_env {
-            eprintln!("unimesh: ignoring unknown UNIMESH_* environment variable {name}");
-        }
         return match toml::to_string(&loaded.config) {
             Ok(text) => {
                 print!("{text}");
@@ -217,9 +214,6 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
         None => {
             tracing::info!("no configuration file; defaults, UNIMESH_* variables and flags apply")
         }
-    }
-    for name in &loaded.unknown_env {
-        tracing::warn!(variable = %name, "ignoring unknown UNIMESH_* environment variable");
     }
 
     // Fail closed (before anything is created): an address beyond this machine is served

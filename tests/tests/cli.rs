@@ -93,13 +93,16 @@ fn a_bad_configuration_exits_2_naming_the_key_and_creates_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("bad.toml");
     std::fs::write(&file, "[storage]\ndefault_partitons = 8\n").expect("write config");
+    let malformed = dir.path().join("malformed.toml");
+    std::fs::write(&malformed, "http = \"127.0.0.1:1\"\nthis is = not toml [\n")
+        .expect("write config");
     // (arguments, environment, what the error must name)
     type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
     let cases: Vec<Case> = vec![
         (
             vec!["--config", file.to_str().expect("utf-8 path")],
             vec![],
-            "storage.default_partitons",
+            "storage.default_partitons` in config file",
         ),
         (
             vec![],
@@ -112,6 +115,29 @@ fn a_bad_configuration_exits_2_naming_the_key_and_creates_nothing() {
             vec![],
             "/nonexistent/unimesh.toml",
         ),
+        // A misspelt variable is refused (it was only a warning), with the likely key.
+        (
+            vec![],
+            vec![("UNIMESH_STORAGE_DEFAULT_PARTITONS", "8")],
+            "UNIMESH_STORAGE_DEFAULT_PARTITONS: UNIMESH_* variables are configuration keys",
+        ),
+        // A zero where at least 1 is needed, named with the variable it came from.
+        (
+            vec![],
+            vec![("UNIMESH_MESH_MAX_GROUPS", "0")],
+            "mesh.max_groups (environment variable UNIMESH_MESH_MAX_GROUPS): is 0",
+        ),
+        (
+            vec!["--storage", "rocks"],
+            vec![],
+            "storage.backend (flag --storage)",
+        ),
+        // Not TOML: the file and the place, on one line.
+        (
+            vec!["--config", malformed.to_str().expect("utf-8 path")],
+            vec![],
+            "malformed.toml is not valid TOML: line 2, column 6",
+        ),
     ];
     for (args, env, named) in cases {
         let out = run(&args, &env, dir.path());
@@ -121,6 +147,7 @@ fn a_bad_configuration_exits_2_naming_the_key_and_creates_nothing() {
             stderr.contains("configuration error") && stderr.contains(named),
             "{args:?} {env:?} should name {named:?}: {stderr}"
         );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
         assert!(!dir.path().join("data").exists(), "{args:?} created data");
     }
 }

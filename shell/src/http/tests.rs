@@ -359,9 +359,9 @@ fn configured_bounds_reach_the_served_document() {
     config.limits.max_ids_per_request = 33;
     config.limits.max_batch_events = 22;
     config.mesh.max_backoff_ms = 9_009;
-    config.mesh.max_ack_timeout_ms = 8_008;
-    config.mesh.max_attempts = 44;
-    config.mesh.max_in_flight_per_client = 66;
+    config.mesh.max_ack_timeout_ms = std::num::NonZeroU64::new(8_008).expect("not zero");
+    config.mesh.max_attempts = std::num::NonZeroU32::new(44).expect("not zero");
+    config.mesh.max_in_flight_per_client = std::num::NonZeroU32::new(66).expect("not zero");
     let t: Value =
         serde_json::from_slice(&render_openapi(Listener::Traffic, &config)).expect("JSON");
     let a: Value = serde_json::from_slice(&render_openapi(Listener::Admin, &config)).expect("JSON");
