@@ -1,0 +1,6 @@
+//! Where events and state are kept: the embedded log, the state stores and Kafka, each in
+//! a folder of its own.
+
+pub mod kafka;
+pub mod log;
+pub mod state;
