@@ -17,7 +17,7 @@ mod command;
 pub mod dedup;
 mod handle;
 mod persist;
-pub mod ports;
+pub use crate::storage::ports;
 mod records;
 mod stream;
 mod tap;

@@ -3,4 +3,7 @@
 
 pub mod kafka;
 pub mod log;
+pub mod ports;
 pub mod state;
+
+pub(crate) use crate::engine::spawn_blocking;
