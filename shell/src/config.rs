@@ -580,7 +580,7 @@ impl Default for Storage {
             retention_reclaim_bytes: 64 << 20,
             sync: SyncMode::Always,
             sync_interval_ms: 100,
-            read_cache_bytes: crate::log::DEFAULT_READ_CACHE_BYTES,
+            read_cache_bytes: crate::storage::log::DEFAULT_READ_CACHE_BYTES,
         }
     }
 }
@@ -703,9 +703,9 @@ impl Config {
     }
 
     /// The embedded log's configuration, rooted at `data/log`.
-    pub fn log_config(&self) -> crate::log::LogConfig {
+    pub fn log_config(&self) -> crate::storage::log::LogConfig {
         let s = &self.storage;
-        let mut c = crate::log::LogConfig::new(self.log_dir());
+        let mut c = crate::storage::log::LogConfig::new(self.log_dir());
         c.default_partitions = s.default_partitions;
         c.max_partitions = s.max_partitions;
         c.max_topics = s.max_topics;
@@ -974,19 +974,23 @@ impl Config {
         if s.retention_check_ms == 0 {
             return bad("storage.retention_check_ms", "must be at least 1".into());
         }
-        if s.sync_interval_ms == 0 || s.sync_interval_ms > crate::log::MAX_SYNC_INTERVAL_MS {
+        if s.sync_interval_ms == 0 || s.sync_interval_ms > crate::storage::log::MAX_SYNC_INTERVAL_MS
+        {
             return bad(
                 "storage.sync_interval_ms",
                 format!(
                     "must be between 1 and {} (the loss window on a machine crash)",
-                    crate::log::MAX_SYNC_INTERVAL_MS
+                    crate::storage::log::MAX_SYNC_INTERVAL_MS
                 ),
             );
         }
-        if s.read_cache_bytes as u64 > crate::log::MAX_READ_CACHE_BYTES {
+        if s.read_cache_bytes as u64 > crate::storage::log::MAX_READ_CACHE_BYTES {
             return bad(
                 "storage.read_cache_bytes",
-                format!("must be at most {}", crate::log::MAX_READ_CACHE_BYTES),
+                format!(
+                    "must be at most {}",
+                    crate::storage::log::MAX_READ_CACHE_BYTES
+                ),
             );
         }
         self.validate_dedup()?;
@@ -1015,7 +1019,7 @@ impl Config {
             if k.request_timeout_ms == 0 {
                 return bad("kafka.request_timeout_ms", "must be at least 1".into());
             }
-            if let Err((key, why)) = crate::kafka::check_properties(k) {
+            if let Err((key, why)) = crate::storage::kafka::check_properties(k) {
                 return bad(&key, why);
             }
         }

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::engine::ports::{AppendError, BoxFut, GroupEvent, LogPort, LogRead, TopicFacts};
 use crate::engine::StatePort;
-use crate::log::AppendItem;
-use crate::state::{DlqEntry, Loaded};
+use crate::storage::log::AppendItem;
+use crate::storage::state::{DlqEntry, Loaded};
 use std::sync::Arc;
 
 /// The in-memory log behind a broker that assigns partitions itself: `join` assigns every
