@@ -47,6 +47,7 @@ use unimesh_core::{MeshConfig, SubscriptionLimits};
 use crate::event::PublishLimits;
 
 pub mod auth;
+mod storage;
 pub use auth::Auth;
 
 /// Prefix of every environment variable read as configuration.
@@ -1019,7 +1020,11 @@ impl Config {
             if k.request_timeout_ms == 0 {
                 return bad("kafka.request_timeout_ms", "must be at least 1".into());
             }
-            if let Err((key, why)) = crate::storage::kafka::check_properties(k) {
+            if let Err((key, why)) = crate::storage::kafka::check_properties(
+                &storage::property_tables(k),
+                k.static_membership,
+                &k.instance,
+            ) {
                 return bad(&key, why);
             }
         }
