@@ -47,6 +47,7 @@ use crate::event::PublishLimits;
 
 pub mod auth;
 mod load;
+mod storage;
 pub use auth::Auth;
 pub use load::{env_name, keys, load, Loaded, Overrides, ENV_CONFIG_FILE, ENV_PREFIX};
 
@@ -586,7 +587,7 @@ impl Default for Storage {
             retention_reclaim_bytes: 64 << 20,
             sync: SyncMode::Always,
             sync_interval_ms: 100,
-            read_cache_bytes: crate::log::DEFAULT_READ_CACHE_BYTES,
+            read_cache_bytes: crate::storage::log::DEFAULT_READ_CACHE_BYTES,
         }
     }
 }
@@ -732,9 +733,9 @@ impl Config {
     }
 
     /// The embedded log's configuration, rooted at `data/log`.
-    pub fn log_config(&self) -> crate::log::LogConfig {
+    pub fn log_config(&self) -> crate::storage::log::LogConfig {
         let s = &self.storage;
-        let mut c = crate::log::LogConfig::new(self.log_dir());
+        let mut c = crate::storage::log::LogConfig::new(self.log_dir());
         c.default_partitions = s.default_partitions;
         c.max_partitions = s.max_partitions;
         c.max_topics = s.max_topics;
@@ -977,19 +978,23 @@ impl Storage {
                 "must be at least storage.max_record_bytes",
             );
         }
-        if s.sync_interval_ms == 0 || s.sync_interval_ms > crate::log::MAX_SYNC_INTERVAL_MS {
+        if s.sync_interval_ms == 0 || s.sync_interval_ms > crate::storage::log::MAX_SYNC_INTERVAL_MS
+        {
             return refuse(
                 "storage.sync_interval_ms",
                 format!(
                     "must be between 1 and {} (the loss window on a machine crash)",
-                    crate::log::MAX_SYNC_INTERVAL_MS
+                    crate::storage::log::MAX_SYNC_INTERVAL_MS
                 ),
             );
         }
-        if s.read_cache_bytes as u64 > crate::log::MAX_READ_CACHE_BYTES {
+        if s.read_cache_bytes as u64 > crate::storage::log::MAX_READ_CACHE_BYTES {
             return refuse(
                 "storage.read_cache_bytes",
-                format!("must be at most {}", crate::log::MAX_READ_CACHE_BYTES),
+                format!(
+                    "must be at most {}",
+                    crate::storage::log::MAX_READ_CACHE_BYTES
+                ),
             );
         }
         Ok(())
@@ -1021,7 +1026,12 @@ impl Kafka {
                 "must differ from kafka.progress_topic",
             );
         }
-        crate::kafka::check_properties(k).map_err(|(key, why)| Invalid { key, why })
+        crate::storage::kafka::check_properties(
+            &storage::property_tables(k),
+            k.static_membership,
+            &k.instance,
+        )
+        .map_err(|(key, why)| Invalid { key, why })
     }
 }
 

@@ -3,7 +3,7 @@ pub mod engine;
 pub mod event;
 pub mod http;
 pub mod json_numbers;
-pub mod kafka;
-pub mod log;
 pub mod spec_json;
-pub mod state;
+pub mod storage;
+
+pub use storage::{kafka, log, state};

@@ -18,14 +18,14 @@ mod cli;
 
 use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
-use unimesh_shell::config::{self, Config, Overrides, StateBackend, StorageBackend, ENV_PREFIX};
-use unimesh_shell::engine::{self, LogPort, StatePort, StoreAdapter};
+use unimesh_shell::config::{self, Config, Overrides, StateBackend, ENV_PREFIX};
+use unimesh_shell::engine::{self, LogPort, StatePort};
 use unimesh_shell::http::jwt::Verifier;
 use unimesh_shell::http::tls::Tls;
 use unimesh_shell::http::{App, Server};
-use unimesh_shell::kafka::{KafkaLog, KafkaSettings, KafkaState};
-use unimesh_shell::log::EmbeddedLog;
+use unimesh_shell::kafka::KafkaLog;
 use unimesh_shell::state::{MemoryDisk, MemoryStore, RocksStore, SledStore, StateStore};
+use unimesh_shell::storage::{Backend, WaitForBroker};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -246,54 +246,49 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
     let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
 
     let state = open_state(&cfg)?;
-    if cfg.storage.backend == StorageBackend::Kafka {
-        let settings = KafkaSettings::from_config(&cfg, traffic.port());
-        tracing::info!(
-            brokers = %settings.brokers,
-            instance = %settings.instance,
-            progress_topic = %settings.progress_topic,
-            state = %cfg.state.backend,
-            "storage on Kafka; data directory {} holds the local state", data.display()
-        );
-        let brokers = cfg.kafka.brokers.clone();
-        let kafka = KafkaLog::connect(settings)
-            .await
-            .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?;
-        kafka.spawn_watch(Duration::from_secs(1));
-        if !wait_for_broker(&server, &kafka, &brokers).await? {
-            tracing::info!("stopped");
-            return Ok(());
+    let backend = cfg.storage_backend(traffic.port());
+    let wait: Option<WaitForBroker> = match &backend {
+        Backend::Kafka(start) => {
+            let s = &start.settings;
+            tracing::info!(
+                brokers = %s.brokers,
+                instance = %s.instance,
+                progress_topic = %s.progress_topic,
+                state = %cfg.state.backend,
+                "storage on Kafka; data directory {} holds the local state", data.display()
+            );
+            let (server, brokers) = (&server, s.brokers.clone());
+            Some(Box::new(move |kafka: KafkaLog| {
+                Box::pin(async move { wait_for_broker(server, &kafka, &brokers).await })
+            }))
         }
-        kafka.spawn_offsets_refresh(Duration::from_secs(1));
-        let state_port: Arc<dyn StatePort> =
-            Arc::new(KafkaState::new(StoreAdapter::new(state), kafka.clone()));
-        let log_port: Arc<dyn LogPort> = Arc::new(kafka.clone());
-        return run(cfg, server, security, log_port, state_port, Some(kafka)).await;
-    }
-    let log_cfg = cfg.log_config();
-    let log = EmbeddedLog::open(log_cfg.clone()).map_err(|e| {
-        format!(
-            "cannot open the event log in {}: {e}",
-            log_cfg.dir.display()
-        )
-    })?;
-    tracing::info!(
-        data = %data.display(),
-        storage = %cfg.storage.backend,
-        log = %display_under(&data, &log_cfg.dir),
-        state = %cfg.state.backend,
-        state_dir = %cfg.state_dir().map_or_else(|| "(in memory: nothing survives a restart)".to_owned(), |d| display_under(&data, &d)),
-        partitions_per_new_topic = cfg.storage.default_partitions,
-        retention = %retention_summary(&cfg.storage),
-        "data directory {}", data.display()
-    );
-    if cfg.state.backend == StateBackend::Memory {
-        tracing::warn!("state backend is `memory`: subscriptions and progress are lost at exit");
-    }
-
-    let log_port: Arc<dyn LogPort> = Arc::new(log);
-    let state_port: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(state));
-    run(cfg, server, security, log_port, state_port, None).await
+        Backend::Embedded(log_cfg) => {
+            tracing::info!(
+                data = %data.display(),
+                storage = %cfg.storage.backend,
+                log = %display_under(&data, &log_cfg.dir),
+                state = %cfg.state.backend,
+                state_dir = %cfg.state_dir().map_or_else(|| "(in memory: nothing survives a restart)".to_owned(), |d| display_under(&data, &d)),
+                partitions_per_new_topic = cfg.storage.default_partitions,
+                retention = %retention_summary(&cfg.storage),
+                "data directory {}", data.display()
+            );
+            if cfg.state.backend == StateBackend::Memory {
+                tracing::warn!(
+                    "state backend is `memory`: subscriptions and progress are lost at exit"
+                );
+            }
+            None
+        }
+        Backend::Given(_) => None,
+    };
+    let Some(opened) = backend.open(state, wait).await? else {
+        tracing::info!("stopped");
+        return Ok(());
+    };
+    let kafka = opened.kafka().cloned();
+    let (log_port, state_port) = opened.ports();
+    run(cfg, server, security, log_port, state_port, kafka).await
 }
 
 /// TLS and JWT keys, loaded before the listeners serve.

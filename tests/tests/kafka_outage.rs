@@ -416,7 +416,7 @@ const UNREACHABLE_WATCH: Duration = Duration::from_secs(20);
 /// unreachable": 5) and the first of each kind of librdkafka's (a failed connect, and the
 /// two global errors it raises, "broker transport failure" and "all brokers are down": 3),
 /// 8 in all here; 12 leaves room for a kind of librdkafka line another machine may add.
-/// Repeats within a minute are counted, not logged (`shell/src/kafka/client_log.rs`).
+/// Repeats within a minute are counted, not logged (`shell/src/storage/kafka/client_log.rs`).
 const UNREACHABLE_LINES: usize = 12;
 
 /// Goal: a mesh started while its broker is unreachable says so in one place instead of

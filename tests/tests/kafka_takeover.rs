@@ -28,7 +28,7 @@
 //! leaves its own old member id as the dead leader (seen once in five runs). Recreating the consumer would not help (a new member joins a group
 //! whose leader is still the dead id). What clears it is a reload of the group from tansu's
 //! store, which a concurrent group request during the 3 s pause causes: the backend's
-//! nudge (`shell/src/kafka/nudge.rs`, DESIGN §8). nisshi (tansu's later name) has the same
+//! nudge (`shell/src/storage/kafka/nudge.rs`, DESIGN §8). nisshi (tansu's later name) has the same
 //! code at 939be10 (31 July 2026).
 //!
 //! Prints the figures: events, duplicates, the time from the kill to the first delivery of

@@ -18,11 +18,11 @@ use super::api::{
     SubscriptionInfo,
 };
 use super::command::{Command, Reply};
+use super::decode_record;
 use super::dedup::{Dedup, Identity, Slot, WindowRule};
 use super::ports::{AppendError, LogPort, StatePort};
-use super::records::decode_record;
 use super::stream::Stream;
-use crate::log::AppendItem;
+use crate::storage::log::AppendItem;
 
 /// The handle the HTTP front uses. Cheap to clone.
 #[derive(Clone)]

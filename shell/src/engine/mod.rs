@@ -17,11 +17,11 @@ mod command;
 pub mod dedup;
 mod handle;
 mod persist;
-pub mod ports;
-mod records;
+mod shared;
+pub use crate::storage::ports;
 mod stream;
 mod tap;
-pub(crate) use records::decode_record;
+pub(crate) use crate::storage::{decode_record, spawn_blocking};
 mod task;
 
 #[cfg(test)]
@@ -36,14 +36,16 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use unimesh_core::{Mesh, MeshConfig, RateLimiter};
 
+pub use crate::storage::memory::MemoryLog;
+pub use crate::storage::state::StoreAdapter;
 pub use api::{
     ClientInfo, DlqItem, EngineError, MetricsSnapshot, OffsetRow, PublishResult, PushTarget,
     Settling, Shared, SubscriptionInfo,
 };
 pub use handle::EngineHandle;
 pub use ports::{
-    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, MemoryLog,
-    RecentAppend, RecentAppends, StatePort, StoreAdapter, TopicFacts,
+    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, RecentAppend,
+    RecentAppends, StatePort, SubscriptionSink, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -51,24 +53,6 @@ pub use tap::EngineTap;
 
 use persist::persist_writer;
 use task::EngineTask;
-
-/// Runs blocking storage work (RocksDB, sled) off the async workers. Under the madsim
-/// simulator, where every port is in memory and nothing blocks, it is an ordinary task
-/// (madsim has no blocking pool, and its `spawn_blocking` is deprecated for that reason).
-pub(crate) fn spawn_blocking<F, R>(f: F) -> tokio::task::JoinHandle<R>
-where
-    F: FnOnce() -> R + Send + 'static,
-    R: Send + 'static,
-{
-    #[cfg(madsim)]
-    {
-        tokio::spawn(async move { f() })
-    }
-    #[cfg(not(madsim))]
-    {
-        tokio::task::spawn_blocking(f)
-    }
-}
 
 /// How the engine runs, beyond the core's own configuration.
 #[derive(Clone, Debug)]

@@ -81,7 +81,7 @@ pub(crate) async fn persist_writer(
 }
 
 pub(crate) fn wall_ms() -> u64 {
-    crate::log::WallClock::now_ms(&crate::log::SystemClock)
+    crate::storage::log::WallClock::now_ms(&crate::storage::log::SystemClock)
 }
 
 #[cfg(test)]

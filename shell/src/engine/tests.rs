@@ -11,7 +11,7 @@ use unimesh_core::{
 
 use super::*;
 use crate::event::{parse_publish, PublishLimits};
-use crate::state::{MemoryDisk, MemoryStore};
+use crate::storage::state::{MemoryDisk, MemoryStore};
 
 mod dedup;
 mod revoke;
@@ -394,7 +394,7 @@ async fn a_seek_by_time_restarts_at_the_first_record_at_or_after_the_time() {
     rig.handle.subscribe(spec("g", "t")).await.unwrap();
     rig.handle.publish(&t("t"), events(2, None)).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    let between = crate::log::WallClock::now_ms(&crate::log::SystemClock);
+    let between = crate::storage::log::WallClock::now_ms(&crate::storage::log::SystemClock);
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     rig.handle.publish(&t("t"), events(1, None)).await.unwrap();
     let got = take(&rig, "g", "c", 3).await;

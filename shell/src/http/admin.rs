@@ -18,9 +18,9 @@ use super::error::{code, ApiError, ErrorBody};
 use super::extract::{JsonBody, Name, NoParams, Params, QueryParams};
 use super::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use super::schema::DeliveredEvent;
-use super::traffic::SubscriptionView;
+use super::views::{OffsetView, SubscriptionView};
 use super::App;
-use crate::engine::{ClientInfo, DlqItem, OffsetRow};
+use crate::engine::{ClientInfo, DlqItem};
 use crate::event::delivery_event_json;
 
 /// Prometheus metrics (OpenMetrics text).
@@ -579,54 +579,6 @@ fn time_ms(text: &str) -> Result<u64, ApiError> {
         )
     })?;
     Ok(u64::try_from(t.timestamp_millis()).unwrap_or(0))
-}
-
-/// One (group, partition) with its four offsets.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct OffsetView {
-    group: String,
-    topic: String,
-    partition: u32,
-    /// The log's end offset (the next offset it will assign).
-    end: u64,
-    /// The next offset the group will fetch.
-    cursor: u64,
-    /// One past the highest offset handed out.
-    push: u64,
-    /// The lowest offset not yet done; everything below is ACKed or dead-lettered.
-    watermark: u64,
-    /// The watermark as last made durable.
-    durable_watermark: Option<u64>,
-    /// Done ranges above the watermark, `[start, end)`.
-    #[schema(value_type = Vec<Vec<u64>>)]
-    ack_ranges: Vec<(u64, u64)>,
-    /// `end - watermark`.
-    lag: u64,
-    in_flight: u64,
-    /// Which instance serves the partition (Kafka backend: Kafka's group coordinator
-    /// decided); absent when one instance owns the log whole.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    owner: Option<String>,
-}
-
-impl OffsetView {
-    pub(super) fn new(r: &OffsetRow) -> Self {
-        Self {
-            group: r.group.as_str().to_owned(),
-            topic: r.topic.as_str().to_owned(),
-            partition: r.partition,
-            end: r.end,
-            cursor: r.cursor,
-            push: r.push,
-            watermark: r.watermark,
-            durable_watermark: r.durable_watermark,
-            ack_ranges: r.ack_ranges.clone(),
-            lag: r.lag,
-            in_flight: r.in_flight,
-            owner: r.owner.clone(),
-        }
-    }
 }
 
 #[derive(Serialize, ToSchema)]

@@ -35,7 +35,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::admin::{ClientView, RateLimitBody};
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Params, QueryParams};
-use super::traffic::SubscriptionView;
+use super::views::SubscriptionView;
 use super::App;
 
 /// A snapshot is built at least this often while someone watches, changed or not (it is

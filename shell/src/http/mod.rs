@@ -34,6 +34,7 @@ pub mod target;
 pub mod tls;
 mod traffic;
 mod ui;
+mod views;
 
 #[cfg(test)]
 mod tests;

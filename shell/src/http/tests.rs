@@ -14,7 +14,7 @@ use tower::ServiceExt as _;
 use super::*;
 use crate::config::Config;
 use crate::engine::{self, EngineConfig, MemoryLog, StoreAdapter};
-use crate::state::{MemoryDisk, MemoryStore};
+use crate::storage::state::{MemoryDisk, MemoryStore};
 
 struct Rig {
     app: Arc<App>,

@@ -18,13 +18,13 @@ use serde_json::Value;
 use unimesh_core::{ClientId, DeliveryId, GroupName, RecordMeta, Settle, TopicName};
 use utoipa::{IntoParams, ToSchema};
 
-use super::admin::OffsetView;
 use super::body::read_body;
 use super::error::{code, ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonBytes, Name, NoParams, Params, QueryParams};
 use super::schema::{CloudEvent, CloudEventBatch, DeliveredEvent, SubscriptionDefinition};
+use super::views::SubscriptionView;
 use super::App;
-use crate::engine::{PublishResult, Settling, SubscriptionInfo};
+use crate::engine::{PublishResult, Settling};
 use crate::event::{delivery_event_json, delivery_event_json_decoded, parse_publish, publish_mode};
 use crate::spec_json::{parse_subscription, SubscriptionDoc};
 
@@ -251,64 +251,6 @@ pub(super) async fn delete_subscription(
         group: group.as_str().to_owned(),
         deleted: true,
     }))
-}
-
-/// A subscription with its progress, as `GET /v1/subscriptions/{group}` and
-/// `GET /admin/subscriptions` show it.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct SubscriptionView {
-    #[serde(flatten)]
-    definition: SubscriptionDefinition,
-    /// Sum of the partitions' lags.
-    lag: u64,
-    in_flight: u64,
-    clients: usize,
-    replaying: usize,
-    partitions: Vec<OffsetView>,
-    stats: StatsView,
-}
-
-impl SubscriptionView {
-    pub(super) fn new(info: &SubscriptionInfo) -> Self {
-        let s = &info.stats;
-        Self {
-            definition: SubscriptionDefinition::new(&info.spec),
-            lag: info.lanes.iter().map(|l| l.lag).sum(),
-            in_flight: info.lanes.iter().map(|l| l.in_flight).sum(),
-            clients: info.clients,
-            replaying: info.replaying,
-            partitions: info.lanes.iter().map(OffsetView::new).collect(),
-            stats: StatsView {
-                delivered: s.delivered,
-                redelivered: s.redelivered,
-                acked: s.acked,
-                late_acked: s.late_acked,
-                nacked: s.nacked,
-                expired: s.expired,
-                dead_lettered: s.dead_lettered,
-                filtered: s.filtered,
-                rejected: s.rejected,
-                skipped_retention: s.skipped_retention,
-            },
-        }
-    }
-}
-
-/// The group's delivery counters since the process started.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-struct StatsView {
-    delivered: u64,
-    redelivered: u64,
-    acked: u64,
-    late_acked: u64,
-    nacked: u64,
-    expired: u64,
-    dead_lettered: u64,
-    filtered: u64,
-    rejected: u64,
-    skipped_retention: u64,
 }
 
 // ----- long-poll -----

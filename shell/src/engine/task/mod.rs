@@ -33,9 +33,9 @@ use unimesh_core::{
 
 use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
+use super::decode_record;
 use super::persist::Fences;
 use super::ports::{GroupEvent, LogPort, LogRead, TopicFacts};
-use super::records::decode_record;
 use super::stream::Notice;
 use super::tap::EngineTap;
 use invariants::InvariantSampler;

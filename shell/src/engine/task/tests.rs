@@ -8,9 +8,9 @@ use unimesh_core::{ClientId, GroupName, MeshConfig, Recovered, SubscriptionSpec,
 
 use super::*;
 use crate::engine::api::Shared;
-use crate::engine::ports::{MemoryLog, StoreAdapter};
-use crate::log::AppendItem;
-use crate::state::{MemoryDisk, MemoryStore};
+use crate::engine::{MemoryLog, StoreAdapter};
+use crate::storage::log::AppendItem;
+use crate::storage::state::{MemoryDisk, MemoryStore};
 
 fn task(log: Arc<MemoryLog>) -> EngineTask {
     let mesh = Mesh::new(MeshConfig::default(), Recovered::default(), 0).expect("a fresh mesh");

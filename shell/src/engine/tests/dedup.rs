@@ -11,7 +11,7 @@ use unimesh_core::TopicName;
 
 use super::super::dedup::{DedupConfig, WindowRule};
 use super::super::*;
-use crate::state::{MemoryDisk, MemoryStore};
+use crate::storage::state::{MemoryDisk, MemoryStore};
 
 fn t(s: &str) -> TopicName {
     TopicName::new(s).unwrap()
@@ -166,7 +166,7 @@ impl LogPort for SlowAppends {
     fn append(
         &self,
         topic: TopicName,
-        items: Vec<crate::log::AppendItem>,
+        items: Vec<crate::storage::log::AppendItem>,
     ) -> BoxFut<Result<Vec<(unimesh_core::Partition, unimesh_core::Offset)>, AppendError>> {
         let append = self.0.append(topic, items);
         Box::pin(async move {
@@ -242,7 +242,9 @@ async fn a_log_without_append_times_starts_each_window_empty() {
 #[tokio::test]
 async fn the_embedded_log_refills_the_window_at_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let log = crate::log::EmbeddedLog::open(crate::log::LogConfig::new(dir.path())).unwrap();
+    let log =
+        crate::storage::log::EmbeddedLog::open(crate::storage::log::LogConfig::new(dir.path()))
+            .unwrap();
     let handle = boot(Arc::new(log.clone())).await;
     let first = publish(&handle, "orders", &[("/a", "1"), ("/a", "2")]).await;
     handle.shutdown().await.unwrap();
@@ -265,15 +267,15 @@ async fn the_embedded_log_refills_the_window_at_restart() {
 async fn the_refill_leaves_out_what_is_older_than_the_window() {
     #[derive(Debug)]
     struct HourAgo;
-    impl crate::log::WallClock for HourAgo {
+    impl crate::storage::log::WallClock for HourAgo {
         fn now_ms(&self) -> u64 {
             super::super::persist::wall_ms().saturating_sub(3_600_000)
         }
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = crate::log::LogConfig::new(dir.path());
+    let mut cfg = crate::storage::log::LogConfig::new(dir.path());
     cfg.clock = Arc::new(HourAgo);
-    let log = crate::log::EmbeddedLog::open(cfg).unwrap();
+    let log = crate::storage::log::EmbeddedLog::open(cfg).unwrap();
     let handle = boot(Arc::new(log.clone())).await;
     publish(&handle, "orders", &[("/a", "1")]).await;
     handle.shutdown().await.unwrap();

@@ -12,7 +12,7 @@ use unimesh_core::{GroupName, Offset, Partition};
 use super::{c, config, events, g, patient, t};
 use super::{start, MemoryDisk, MemoryLog, MemoryStore, Settling, StoreAdapter, TopicName};
 use crate::engine::ports::{AppendError, BoxFut, LogPort, LogRead, TopicFacts};
-use crate::log::AppendItem;
+use crate::storage::log::AppendItem;
 
 /// The in-memory log, whose preparation of the topics named in `held` says so on
 /// `reached`, then waits for `open`.

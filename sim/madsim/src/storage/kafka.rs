@@ -51,9 +51,10 @@ use unimesh_core::{
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
     AppendError, BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
-    StoreAdapter, TopicFacts,
+    TopicFacts,
 };
 use unimesh_shell::kafka::{decode_message, KafkaLog, KafkaSettings, KafkaState};
+use unimesh_shell::storage;
 
 use super::coordinator::{Coordinator, Timing};
 use unimesh_shell::log::AppendItem;
@@ -114,7 +115,7 @@ impl KafkaBackend {
         cfg.kafka.brokers = addr.to_string();
         cfg.kafka.instance = "mesh".to_owned();
         cfg.storage.default_partitions = opts.partitions.max(1);
-        let settings = KafkaSettings::from_config(&cfg, 0);
+        let settings = cfg.kafka_settings(0);
         let tap = Arc::new(Tap::new(&settings, opts.partitions.max(1)));
         Self {
             settings,
@@ -176,12 +177,22 @@ impl Backend for KafkaBackend {
         Box::pin(async move {
             let disk = disk.ok_or_else(|| format!("no mesh node {node}"))?;
             tap.wait(&world, "the data topic", |t| t.ready).await?;
-            let log = KafkaLog::open(settings).await?;
+            // Through the shell's factory, as `serve` opens Kafka: no health probe (a
+            // thread), the broker's topics created once.
+            let backend = storage::Backend::Kafka(storage::KafkaStart {
+                settings,
+                watch_every: None,
+                offsets_refresh: Duration::from_millis(200),
+            });
+            let opened = backend
+                .open(Box::new(MemoryStore::open(disk)), None)
+                .await?;
+            let Some(storage::Opened::Kafka { log, state }) = opened else {
+                return Err("the storage factory opened no Kafka ports".to_owned());
+            };
             log.set_coordinator(coordinator);
-            log.spawn_offsets_refresh(Duration::from_millis(200));
-            let local = StoreAdapter::new(Box::new(MemoryStore::open(disk)));
             let state: Arc<dyn StatePort> = Arc::new(ReportingState {
-                inner: KafkaState::new(local, log.clone()),
+                inner: state,
                 tap: tap.clone(),
                 world: world.clone(),
                 node,

@@ -30,8 +30,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use unimesh_core::TopicName;
-use unimesh_shell::engine::{BoxFut, EngineConfig, LogPort, StatePort, StoreAdapter};
+use unimesh_shell::engine::{BoxFut, EngineConfig, LogPort};
 use unimesh_shell::state::{MemoryDisk, MemoryStore};
+use unimesh_shell::storage;
 use unimesh_sim::rng::Rng;
 
 pub use faulty::{FaultyLog, FaultyState};
@@ -81,7 +82,7 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// The log and state ports of one incarnation.
-pub type Ports = (Arc<dyn LogPort>, Arc<dyn StatePort>);
+pub use unimesh_shell::storage::Ports;
 
 /// The embedded shape: the simulated log and the shell's memory state store, both on a
 /// disk that outlives the node.
@@ -105,10 +106,17 @@ impl Backend for MemoryBackend {
     }
 
     fn ports(&self, world: &Arc<World>, node: usize, rng: Rng) -> BoxFut<Result<Ports, String>> {
+        // Through the shell's factory, as `serve` opens storage: the simulated log stands
+        // in for the embedded one.
         let log: Arc<dyn LogPort> = Arc::new(SimLog::new(self.log.clone(), world.clone(), rng));
         let store = ReportingStore::new(MemoryStore::open(self.disk.clone()), world.clone(), node);
-        let state: Arc<dyn StatePort> = Arc::new(StoreAdapter::new(Box::new(store)));
-        Box::pin(std::future::ready(Ok((log, state))))
+        Box::pin(async move {
+            let opened = storage::Backend::Given(log)
+                .open(Box::new(store), None)
+                .await?
+                .ok_or("the storage factory stopped without a broker to wait for")?;
+            Ok(opened.ports())
+        })
     }
 
     fn write_foreign(&self, world: &Arc<World>, topic: &TopicName, body: Bytes) -> bool {

@@ -42,7 +42,7 @@ use super::rules::part::{self, Span, Validate};
 use super::rules::revoke::{Ask, Revocation};
 use super::rules::{assign, Rebalance};
 use super::ClientRole;
-use crate::engine::{GroupEvent, LogRead};
+use crate::storage::ports::{GroupEvent, LogRead};
 use madsim_rdkafka::producer::FutureRecord;
 
 /// How long the consumer thread sleeps in a poll when nothing happens.

@@ -21,6 +21,7 @@ use unimesh_core::{DlqKey, Epoch, GroupName, PersistBatch, RateRule, Recovered, 
 pub(crate) mod codec;
 mod keys;
 mod memory;
+mod port;
 #[cfg(feature = "rocksdb")]
 mod rocks;
 #[cfg(feature = "sled")]
@@ -31,6 +32,7 @@ mod sled_store;
 mod contract;
 
 pub use memory::{MemoryDisk, MemoryStore};
+pub use port::StoreAdapter;
 #[cfg(feature = "rocksdb")]
 pub use rocks::RocksStore;
 #[cfg(feature = "sled")]
@@ -347,17 +349,19 @@ fn put_rate_rule(
 /// Implements [`StateStore`] for a backend through the shared translation above.
 macro_rules! state_store_via_kv {
     ($ty:ty) => {
-        impl $crate::state::StateStore for $ty {
-            fn load(&self) -> Result<$crate::state::Loaded, $crate::state::StoreError> {
-                $crate::state::load(self)
+        impl $crate::storage::state::StateStore for $ty {
+            fn load(
+                &self,
+            ) -> Result<$crate::storage::state::Loaded, $crate::storage::state::StoreError> {
+                $crate::storage::state::load(self)
             }
 
             fn apply(
                 &mut self,
                 batch: &unimesh_core::PersistBatch,
                 now_wall_ms: u64,
-            ) -> Result<(), $crate::state::StoreError> {
-                $crate::state::apply(self, batch, now_wall_ms)
+            ) -> Result<(), $crate::storage::state::StoreError> {
+                $crate::storage::state::apply(self, batch, now_wall_ms)
             }
 
             fn dlq_list(
@@ -365,23 +369,24 @@ macro_rules! state_store_via_kv {
                 group: &unimesh_core::GroupName,
                 after: Option<&unimesh_core::DlqKey>,
                 max: usize,
-            ) -> Result<Vec<$crate::state::DlqEntry>, $crate::state::StoreError> {
-                $crate::state::dlq_list(self, group, after, max)
+            ) -> Result<Vec<$crate::storage::state::DlqEntry>, $crate::storage::state::StoreError>
+            {
+                $crate::storage::state::dlq_list(self, group, after, max)
             }
 
             fn dlq_count(
                 &self,
                 group: &unimesh_core::GroupName,
-            ) -> Result<u64, $crate::state::StoreError> {
-                $crate::state::dlq_count(self, group)
+            ) -> Result<u64, $crate::storage::state::StoreError> {
+                $crate::storage::state::dlq_count(self, group)
             }
 
             fn put_rate_rule(
                 &mut self,
                 topic: &unimesh_core::TopicName,
                 rule: Option<unimesh_core::RateRule>,
-            ) -> Result<(), $crate::state::StoreError> {
-                $crate::state::put_rate_rule(self, topic, rule)
+            ) -> Result<(), $crate::storage::state::StoreError> {
+                $crate::storage::state::put_rate_rule(self, topic, rule)
             }
         }
     };

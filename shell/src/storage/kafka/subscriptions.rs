@@ -5,8 +5,9 @@
 //!
 //! Writes: the state port writes every definition and deletion of a persist batch here
 //! before the local store (see `progress::KafkaState`). Reads: a watcher thread tails the
-//! topic from its beginning and applies what differs from the local definition through
-//! the engine's own `subscribe`/`unsubscribe`; since applying writes the same bytes back,
+//! topic from its beginning and hands each record to a [`SubscriptionSink`] (the engine,
+//! `engine::shared`), which applies what differs from the local definition through its own
+//! `subscribe`/`unsubscribe`; since applying writes the same bytes back,
 //! and equal bytes are not applied again, the instances converge without ping-pong.
 
 use std::sync::Arc;
@@ -20,14 +21,16 @@ use unimesh_core::GroupName;
 
 use super::log::KafkaLog;
 use super::ClientRole;
-use crate::engine::{EngineError, EngineHandle};
-use crate::state::codec::{decode_subscription, encode_subscription};
+use crate::storage::ports::SubscriptionSink;
 
 /// Starts the watcher thread; it ends within a poll (100 ms) of the engine's stop. Join it
-/// before the process exits: the thread holds an engine handle and a librdkafka consumer,
+/// before the process exits: the thread holds the engine's sink and a librdkafka consumer,
 /// and one dropped while `exit` runs C++ static destructors aborted the process ("pthread
 /// lock: Invalid argument", a SIGTERMed instance in `tests/kafka_failover.rs`).
-pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<std::thread::JoinHandle<()>, String> {
+pub fn watch(
+    log: &KafkaLog,
+    engine: impl SubscriptionSink,
+) -> Result<std::thread::JoinHandle<()>, String> {
     let s = log.settings();
     let topic = s.subscriptions_topic.clone();
     let mut c = s.client_config(ClientRole::Consumer);
@@ -92,47 +95,9 @@ pub fn watch(log: &KafkaLog, engine: EngineHandle) -> Result<std::thread::JoinHa
                     continue;
                 };
                 let value = m.payload().map(<[u8]>::to_vec);
-                runtime.block_on(apply(&engine, group, value));
+                runtime.block_on(engine.apply_shared(group, value));
             }
         })
         .map_err(|e| format!("cannot start the subscriptions watcher: {e}"))?;
     Ok(watcher)
-}
-
-/// Applies one record of the topic unless the local definition already equals it.
-async fn apply(engine: &EngineHandle, group: GroupName, value: Option<Vec<u8>>) {
-    let local = match engine.subscription(&group).await {
-        Ok(info) => encode_subscription(&info.spec).ok(),
-        Err(_) => None,
-    };
-    match value {
-        None => {
-            if local.is_some() {
-                match engine.unsubscribe(&group).await {
-                    Ok(()) | Err(EngineError::UnknownGroup(_)) => {
-                        tracing::info!(%group, "group deleted by another instance")
-                    }
-                    Err(e) => tracing::warn!(%group, error = %e, "cannot delete the group"),
-                }
-            }
-        }
-        Some(bytes) => {
-            if local.as_deref() == Some(bytes.as_slice()) {
-                return;
-            }
-            let spec = match decode_subscription(group.as_str(), &group, &bytes) {
-                Ok(spec) => spec,
-                Err(e) => {
-                    tracing::error!(%group, error = %e, "corrupt subscription record ignored");
-                    return;
-                }
-            };
-            match engine.subscribe(spec).await {
-                Ok(_) => tracing::info!(%group, "group defined by another instance"),
-                Err(e) => {
-                    tracing::warn!(%group, error = %e, "cannot apply the shared group definition")
-                }
-            }
-        }
-    }
 }

@@ -97,9 +97,10 @@ use super::log::{lock, KafkaLog};
 use super::rules::fence::choose;
 pub(super) use super::rules::fence::{Chosen, OwnerGen};
 use super::{ClientRole, KafkaSettings};
-use crate::engine::{BoxFut, StatePort, StoreAdapter};
-use crate::state::codec::encode_subscription;
-use crate::state::{DlqEntry, Loaded};
+use crate::storage::ports::{BoxFut, StatePort};
+use crate::storage::state::codec::encode_subscription;
+use crate::storage::state::StoreAdapter;
+use crate::storage::state::{DlqEntry, Loaded};
 
 /// The partition of the progress topic every progress record is written to (see the
 /// module documentation: a key must never be in two partitions).
@@ -1026,13 +1027,13 @@ mod tests {
     #[test]
     fn a_resolution_deletes_the_replayed_record_only() {
         let lost = dead_letter(7, "lost");
-        let lost_id = crate::kafka::dlq::record_id(&lost.record);
+        let lost_id = crate::storage::kafka::dlq::record_id(&lost.record);
         let other = dead_letter(9, "other");
         let mut replayed = BTreeMap::new();
         replayed.insert(lost.key.clone(), lost_id.clone());
         replayed.insert(
             other.key.clone(),
-            crate::kafka::dlq::record_id(&other.record),
+            crate::storage::kafka::dlq::record_id(&other.record),
         );
         let unknown_key = dead_letter(8, "x").key;
         let (out, unknown) = resolutions(&replayed, &[lost.key.clone(), unknown_key.clone()]);

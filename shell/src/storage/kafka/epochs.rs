@@ -238,7 +238,7 @@ mod probe {
     use unimesh_core::{Offset, Partition};
 
     use super::FirstRecord;
-    use crate::kafka::{ClientRole, KafkaSettings};
+    use crate::storage::kafka::{ClientRole, KafkaSettings};
 
     /// The leader epoch of a record's batch, `None` when the broker reports none.
     pub fn leader_epoch(m: &BorrowedMessage<'_>) -> Option<i32> {

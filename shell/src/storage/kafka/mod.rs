@@ -85,32 +85,6 @@ pub struct KafkaSettings {
 }
 
 impl KafkaSettings {
-    /// The settings of `cfg`; `traffic_port` names the instance when `kafka.instance` is
-    /// empty.
-    pub fn from_config(cfg: &crate::config::Config, traffic_port: u16) -> Self {
-        let k = &cfg.kafka;
-        let instance = if k.instance.is_empty() {
-            format!("unimesh-{traffic_port}-{}", std::process::id())
-        } else {
-            k.instance.clone()
-        };
-        let group_instance_id = k.static_membership.then(|| instance.clone());
-        Self {
-            brokers: k.brokers.clone(),
-            instance,
-            replication: i32::try_from(k.replication).unwrap_or(i32::MAX),
-            default_partitions: cfg.storage.default_partitions,
-            progress_topic: k.progress_topic.clone(),
-            subscriptions_topic: k.subscriptions_topic.clone(),
-            group_prefix: k.group_prefix.clone(),
-            max_progress_ranges: k.max_progress_ranges,
-            request_timeout: Duration::from_millis(k.request_timeout_ms),
-            max_event_bytes: cfg.limits.max_event_bytes,
-            group_instance_id,
-            properties: PropertyTables::from_config(k),
-        }
-    }
-
     /// The consumer `group.id` of a subscription group.
     pub fn group_id(&self, group: &str) -> String {
         format!("{}{group}", self.group_prefix)

@@ -106,7 +106,7 @@ pub fn decode_message<M: Message>(m: &M, max_event_bytes: usize) -> Record {
     let offset = m.offset().max(0) as Offset;
     let (headers, payload) = incoming(m);
     match crate::event::from_kafka(&headers, payload, m.key(), max_event_bytes) {
-        Ok(stored) => crate::engine::decode_record((offset, stored)),
+        Ok(stored) => crate::storage::decode_record((offset, stored)),
         Err(e) => Record {
             offset,
             meta: RecordMeta::Undecodable(Arc::from(e.to_string())),

@@ -28,10 +28,10 @@ use super::records::Outgoing;
 #[cfg(madsim)]
 use super::simulated::GroupConsumer;
 use super::{ClientRole, KafkaSettings};
-use crate::engine::{
+use crate::storage::log::AppendItem;
+use crate::storage::ports::{
     AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, TopicFacts,
 };
-use crate::log::AppendItem;
 
 /// Counters of the Kafka backend for `/metrics`.
 #[derive(Debug, Default)]

@@ -19,7 +19,7 @@ use unimesh_core::{Offset, Partition, TopicName};
 
 use super::epochs::{first_where, EpochProbe};
 use super::{ClientRole, KafkaSettings};
-use crate::engine::AppendError;
+use crate::storage::ports::AppendError;
 
 /// The lookup consumer and the probe that checks its answers, made on first use.
 #[derive(Default)]
@@ -118,7 +118,7 @@ impl TimeLookup {
         }
         let probe = self.probe.clone();
         let topic = topic.clone();
-        crate::engine::spawn_blocking(move || {
+        crate::storage::spawn_blocking(move || {
             let guard = probe.lock().unwrap_or_else(|p| p.into_inner());
             let Some(probe) = guard.as_ref() else {
                 return Err("the time-lookup probe is gone".to_owned());

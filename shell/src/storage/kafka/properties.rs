@@ -8,8 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::Kafka;
-
 /// librdkafka properties the mesh sets itself, because the delivery contract depends on
 /// them; no property table may name them.
 pub const FIXED_PROPERTIES: &[&str] = &[
@@ -45,14 +43,6 @@ pub struct PropertyTables {
 }
 
 impl PropertyTables {
-    pub fn from_config(k: &Kafka) -> Self {
-        Self {
-            common: k.properties.clone(),
-            producer: k.producer.clone(),
-            consumer: k.consumer.clone(),
-        }
-    }
-
     /// What a client of `role` is given: the common table, its role's table over it.
     pub fn for_role(&self, role: ClientRole) -> BTreeMap<String, String> {
         let mut out = self.common.clone();
@@ -93,10 +83,13 @@ impl PropertyTables {
 }
 
 /// The configuration's Kafka property rules: no table names a property the mesh sets
-/// itself, and static membership has a stable instance name to use. The error is the
-/// dotted key and why.
-pub fn check_properties(k: &Kafka) -> Result<(), (String, String)> {
-    let tables = PropertyTables::from_config(k);
+/// itself, and static membership (`static_membership`) has a stable instance name
+/// (`instance`) to use. The error is the dotted key and why.
+pub fn check_properties(
+    tables: &PropertyTables,
+    static_membership: bool,
+    instance: &str,
+) -> Result<(), (String, String)> {
     if let Some((key, _, _)) = tables
         .entries()
         .find(|(_, name, _)| FIXED_PROPERTIES.contains(name))
@@ -108,7 +101,7 @@ pub fn check_properties(k: &Kafka) -> Result<(), (String, String)> {
         };
         return Err((key, why.to_owned()));
     }
-    if k.static_membership && k.instance.trim().is_empty() {
+    if static_membership && instance.trim().is_empty() {
         return Err((
             "kafka.static_membership".to_owned(),
             "needs kafka.instance: a name that stays the same across restarts and differs \
@@ -169,26 +162,22 @@ mod tests {
     fn fixed_properties_and_static_membership_without_a_name_are_refused() {
         for table_name in ["properties", "producer", "consumer"] {
             for fixed in FIXED_PROPERTIES {
-                let mut k = Kafka::default();
+                let mut k = PropertyTables::default();
                 let t = match table_name {
-                    "properties" => &mut k.properties,
+                    "properties" => &mut k.common,
                     "producer" => &mut k.producer,
                     _ => &mut k.consumer,
                 };
                 t.insert((*fixed).to_owned(), "x".to_owned());
-                let (key, why) = check_properties(&k).expect_err("refused");
+                let (key, why) = check_properties(&k, false, "").expect_err("refused");
                 assert_eq!(key, format!("kafka.{table_name}.{fixed}"));
                 assert!(why.contains("set by the mesh"), "{why}");
             }
         }
-        let mut k = Kafka {
-            static_membership: true,
-            ..Kafka::default()
-        };
-        let (key, why) = check_properties(&k).expect_err("refused");
+        let k = PropertyTables::default();
+        let (key, why) = check_properties(&k, true, " ").expect_err("refused");
         assert_eq!(key, "kafka.static_membership");
         assert!(why.contains("kafka.instance"), "{why}");
-        k.instance = "edge-1".to_owned();
-        assert_eq!(check_properties(&k), Ok(()));
+        assert_eq!(check_properties(&k, true, "edge-1"), Ok(()));
     }
 }

@@ -40,7 +40,7 @@ use super::rules::part::{self, Part};
 use super::rules::revoke::{Ask, Revocation};
 use super::rules::{assign, Rebalance};
 use super::ClientRole;
-use crate::engine::{GroupEvent, LogRead};
+use crate::storage::ports::{GroupEvent, LogRead};
 
 /// How long a fetch at the end of a partition waits before asking the broker again.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);

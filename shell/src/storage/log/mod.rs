@@ -33,6 +33,8 @@
 // port shares, key partitioning, the wall clock): the record codec's RocksDB half is unused.
 #[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
 mod codec;
+#[cfg(feature = "rocksdb")]
+mod port;
 #[cfg(all(test, feature = "rocksdb"))]
 mod tests;
 #[cfg(feature = "rocksdb")]

@@ -42,7 +42,7 @@ use super::log::KafkaLog;
 use super::records::{incoming, Outgoing};
 use super::ClientRole;
 use crate::event::STRUCTURED_MEDIA_TYPE;
-use crate::state::DlqEntry;
+use crate::storage::state::DlqEntry;
 
 /// The DLQ topic of a group reading `topic`.
 pub(super) fn dlq_topic(topic: &str, group: &str) -> String {

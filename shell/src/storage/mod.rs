@@ -1,0 +1,175 @@
+//! Where events and state are kept, behind the seam the engine sees (`ports`): the
+//! embedded log (`log/`), the state stores (`state/`), a log in memory (`memory/`) and
+//! Kafka (`kafka/`), each in a folder of its own.
+
+pub mod kafka;
+pub mod log;
+pub mod memory;
+pub mod ports;
+mod records;
+pub mod state;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use madsim_tokio as tokio;
+
+use kafka::{KafkaLog, KafkaSettings, KafkaState};
+#[cfg(feature = "rocksdb")]
+use log::EmbeddedLog;
+use log::LogConfig;
+use ports::{AppendError, LogPort, StatePort};
+pub(crate) use records::decode_record;
+use state::{StateStore, StoreAdapter};
+
+/// Runs blocking storage work (RocksDB, sled) off the async workers. Under the madsim
+/// simulator, where every port is in memory and nothing blocks, it is an ordinary task
+/// (madsim has no blocking pool, and its `spawn_blocking` is deprecated for that reason).
+pub(crate) fn spawn_blocking<F, R>(f: F) -> tokio::task::JoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    #[cfg(madsim)]
+    {
+        tokio::spawn(async move { f() })
+    }
+    #[cfg(not(madsim))]
+    {
+        tokio::task::spawn_blocking(f)
+    }
+}
+
+/// The log and state ports the engine runs on.
+pub type Ports = (Arc<dyn LogPort>, Arc<dyn StatePort>);
+
+/// Where storage is (a configuration section in: `Config::storage_backend` builds it):
+/// the one factory of the engine's ports, used by `serve` and by the madsim harness.
+pub enum Backend {
+    /// The embedded log (RocksDB) in its directory; the local store keeps every state.
+    Embedded(LogConfig),
+    /// Kafka: events, progress and shared definitions on the broker; the local store
+    /// keeps the rest.
+    Kafka(KafkaStart),
+    /// A log the caller built (the simulation's, a test's); the local store keeps every
+    /// state.
+    Given(Arc<dyn LogPort>),
+}
+
+/// How the Kafka backend starts.
+pub struct KafkaStart {
+    pub settings: KafkaSettings,
+    /// How often a thread probes the broker for health (and rebuilds a fatal producer);
+    /// `None`: no probe. Not under madsim, which has no threads.
+    pub watch_every: Option<Duration>,
+    /// How often the partition ends the engine reads are refreshed.
+    pub offsets_refresh: Duration,
+}
+
+/// Waits until the Kafka broker answers (its own topics exist): true then, false when
+/// the start should stop instead (a stop signal while waiting), an error for a refusal
+/// that stays. `serve` answers 503 meanwhile.
+pub type WaitForBroker<'a> = Box<
+    dyn FnOnce(KafkaLog) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send + 'a>>
+        + Send
+        + 'a,
+>;
+
+/// What [`Backend::open`] made: the ports, with their concrete types for a caller that
+/// wraps them (the madsim harness) or drives what only one backend has (Kafka's watchers).
+pub enum Opened {
+    #[cfg(feature = "rocksdb")]
+    Embedded {
+        log: EmbeddedLog,
+        state: StoreAdapter,
+    },
+    Kafka {
+        log: KafkaLog,
+        state: KafkaState,
+    },
+    Given {
+        log: Arc<dyn LogPort>,
+        state: StoreAdapter,
+    },
+}
+
+impl Opened {
+    /// The ports as the engine takes them.
+    pub fn ports(self) -> Ports {
+        match self {
+            #[cfg(feature = "rocksdb")]
+            Opened::Embedded { log, state } => (Arc::new(log), Arc::new(state)),
+            Opened::Kafka { log, state } => (Arc::new(log), Arc::new(state)),
+            Opened::Given { log, state } => (log, Arc::new(state)),
+        }
+    }
+
+    /// The Kafka log, when storage is on Kafka.
+    pub fn kafka(&self) -> Option<&KafkaLog> {
+        match self {
+            Opened::Kafka { log, .. } => Some(log),
+            _ => None,
+        }
+    }
+}
+
+impl Backend {
+    /// Opens storage on `local`, this node's own state store. On Kafka, `wait` holds the
+    /// start until the broker answers (`None`: its own topics are created once, and an
+    /// error if the broker does not answer). `Ok(None)`: `wait` said to stop.
+    pub async fn open(
+        self,
+        local: Box<dyn StateStore>,
+        wait: Option<WaitForBroker<'_>>,
+    ) -> Result<Option<Opened>, String> {
+        let local = StoreAdapter::new(local);
+        match self {
+            Backend::Embedded(config) => open_embedded(config, local),
+            Backend::Given(log) => Ok(Some(Opened::Given { log, state: local })),
+            Backend::Kafka(start) => {
+                let brokers = start.settings.brokers.clone();
+                let log = KafkaLog::connect(start.settings)
+                    .await
+                    .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?;
+                // A thread of its own: not under the simulator, which has none.
+                #[cfg(not(madsim))]
+                if let Some(every) = start.watch_every {
+                    log.spawn_watch(every);
+                }
+                let ready = match wait {
+                    Some(wait) => wait(log.clone()).await?,
+                    None => log.ensure_own_topics().await.map(|()| true).map_err(|e| {
+                        let (AppendError::TooLarge(m)
+                        | AppendError::Invalid(m)
+                        | AppendError::Unavailable(m)) = e;
+                        format!("cannot use Kafka at {brokers}: {m}")
+                    })?,
+                };
+                if !ready {
+                    return Ok(None);
+                }
+                log.spawn_offsets_refresh(start.offsets_refresh);
+                let state = KafkaState::new(local, log.clone());
+                Ok(Some(Opened::Kafka { log, state }))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+fn open_embedded(config: LogConfig, local: StoreAdapter) -> Result<Option<Opened>, String> {
+    let dir = config.dir.clone();
+    let log = EmbeddedLog::open(config)
+        .map_err(|e| format!("cannot open the event log in {}: {e}", dir.display()))?;
+    Ok(Some(Opened::Embedded { log, state: local }))
+}
+
+#[cfg(not(feature = "rocksdb"))]
+fn open_embedded(config: LogConfig, _local: StoreAdapter) -> Result<Option<Opened>, String> {
+    Err(format!(
+        "cannot open the event log in {}: built without the embedded log (feature rocksdb)",
+        config.dir.display()
+    ))
+}

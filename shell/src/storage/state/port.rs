@@ -1,0 +1,61 @@
+//! Any [`StateStore`] as the engine's [`StatePort`].
+
+use std::sync::{Arc, Mutex};
+
+use unimesh_core::{GroupName, PersistBatch, RateRule, TopicName};
+
+use super::{DlqEntry, Loaded, StateStore, StoreError};
+use crate::storage::ports::{BoxFut, StatePort};
+
+/// Any [`StateStore`] as a port: blocking calls run on the blocking pool, one at a time.
+pub struct StoreAdapter {
+    store: Arc<Mutex<Box<dyn StateStore>>>,
+}
+
+impl StoreAdapter {
+    pub fn new(store: Box<dyn StateStore>) -> Self {
+        Self {
+            store: Arc::new(Mutex::new(store)),
+        }
+    }
+
+    fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn StateStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFut<Result<T, String>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            crate::storage::spawn_blocking(move || {
+                // A poisoned lock means a store call panicked; the store itself is still
+                // the one on disk, so carry on with it rather than wedge every caller.
+                let mut guard = store.lock().unwrap_or_else(|p| p.into_inner());
+                f(guard.as_mut()).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| format!("store task failed: {e}"))?
+        })
+    }
+}
+
+impl StatePort for StoreAdapter {
+    fn load(&self) -> Result<Loaded, String> {
+        let guard = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        guard.load().map_err(|e| e.to_string())
+    }
+
+    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+        self.blocking(move |s| s.apply(&batch, now_wall_ms))
+    }
+
+    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+        self.blocking(move |s| s.dlq_list(&group, None, max))
+    }
+
+    fn put_rate_rule(
+        &self,
+        topic: TopicName,
+        rule: Option<RateRule>,
+    ) -> BoxFut<Result<(), String>> {
+        self.blocking(move |s| s.put_rate_rule(&topic, rule))
+    }
+}
