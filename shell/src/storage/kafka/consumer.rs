@@ -420,7 +420,7 @@ impl GroupContext {
             }
             log.inner
                 .progress
-                .own(&self.group, p, gen, lane.stamp, lane.stale);
+                .own(&self.group, p, gen, lane.stamp, lane.stale, lane.reached);
             // Read from far enough back that the stream holds every record from the lane's
             // start on (records below it are dropped as they come: `base`).
             let read_from = self.stream_start(p, lane.part.base, lane.assignment.earliest);

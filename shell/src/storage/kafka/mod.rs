@@ -56,7 +56,7 @@ use std::time::Duration;
 pub use log::KafkaLog;
 pub use progress::KafkaState;
 pub use properties::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
-pub use records::decode_message;
+pub use records::{decode_message, unframed};
 pub use rules::Rebalance;
 #[cfg(madsim)]
 pub use simulated::{MemberId, SimCoordinator};

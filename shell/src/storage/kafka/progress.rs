@@ -12,6 +12,13 @@
 //! that takes the partition over resumes exactly: no record below the watermark or inside
 //! a persisted range is delivered again.
 //!
+//! Rewound: an operator's seek back takes a lane's watermark below the committed offset,
+//! and its record is durable before its commit, which the coordinator may refuse (the
+//! owner's session just expired). So every record whose watermark is below the highest
+//! position the lane's owners reached carries that position in its [`REWOUND_HEADER`],
+//! and a reader keeps it while the committed offset is not above that mark
+//! (`rules/fence.rs`, "Rewound").
+//!
 //! Bounded: a checkpoint with more than `kafka.max_progress_ranges` ranges (or attempt
 //! counts) keeps its watermark exact and drops the excess above it: more duplicates after
 //! a takeover, never loss; counted as `progress_ranges_dropped`.
@@ -35,8 +42,10 @@
 //! empty group; only when every record is above `g` is the highest taken), among the
 //! records not below the group's committed offset (overtaken ones, whatever their
 //! generation) — see [`choose`] (`rules/fence.rs`), which states the contract. After its first durable
-//! write, the new owner deletes (tombstones) every other key of the lane it saw, so keys
-//! stay bounded. A record without a generation (the three-part key: a client that reports
+//! write, the new owner deletes (tombstones) the keys of the lane it saw below its own
+//! generation, and those above it that the committed offset already passed (a key above
+//! may be a later owner's, the reader a zombie: `fence.rs`, "Deletion"), so keys stay
+//! bounded. A record without a generation (the three-part key: a client that reports
 //! none) ranks below every stamped one.
 //!
 //! Placed: every progress record (and every deletion) is written to partition
@@ -82,8 +91,6 @@ use std::time::Instant;
 use super::client_log::{ClientLog, LoggedConsumer};
 #[cfg(not(madsim))]
 use madsim_rdkafka::consumer::Consumer;
-#[cfg(not(madsim))]
-use madsim_rdkafka::message::{Header, OwnedHeaders};
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
@@ -94,7 +101,8 @@ use unimesh_core::{
 
 use super::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
 use super::log::{lock, KafkaLog};
-use super::rules::fence::choose;
+use super::records::{stored_value, Outgoing};
+use super::rules::fence::{choose, mark, Record};
 pub(super) use super::rules::fence::{Chosen, OwnerGen};
 use super::{ClientRole, KafkaSettings};
 use crate::storage::ports::{BoxFut, StatePort};
@@ -113,6 +121,11 @@ pub(super) const HOME_PARTITION: i32 = 0;
 /// every record acknowledged before it is known to lie below. Readers skip these keys
 /// (one per instance, so compaction keeps one each).
 pub(super) const SYNC_KEY_PREFIX: &str = "\u{1}sync\n";
+
+/// The header of a progress record whose watermark an operator's seek took below the
+/// highest position its lane's owners had reached: that position, in decimal
+/// (`rules/fence.rs`, "Rewound"; docs/DESIGN.md §8).
+pub(super) const REWOUND_HEADER: &str = "unimesh-rewound";
 
 /// The part of a progress key that names the lane.
 fn lane_key(group: &str, topic: &str, partition: Partition) -> String {
@@ -152,6 +165,8 @@ fn parse_progress_key(key: &str) -> Option<(&str, OwnerGen)> {
 pub(super) struct Stored {
     pub checkpoint: Checkpoint,
     pub leader_epoch: Option<i32>,
+    /// Its [`REWOUND_HEADER`].
+    pub rewound_from: Option<Offset>,
 }
 
 impl Borrow<Checkpoint> for Stored {
@@ -160,13 +175,21 @@ impl Borrow<Checkpoint> for Stored {
     }
 }
 
+impl Record for Stored {
+    fn rewound_from(&self) -> Option<Offset> {
+        self.rewound_from
+    }
+}
+
 /// This instance's ownership of a lane: the generation its writes carry, the leader
-/// epoch of its position, and the keys of older records still to delete.
+/// epoch of its position, the keys of older records still to delete, and the highest
+/// position the lane reached (its records below it are marked rewound).
 #[derive(Clone, Debug, Default)]
 struct Ownership {
     gen: OwnerGen,
     leader_epoch: Option<i32>,
     stale: Vec<String>,
+    reached: Offset,
 }
 
 /// What a progress record of a lane is written with.
@@ -180,6 +203,8 @@ pub(super) struct Stamp {
     pub leader_epoch: Option<i32>,
     /// Keys of the lane's older records, to delete after this write.
     pub stale: Vec<String>,
+    /// The rewound mark ([`REWOUND_HEADER`]).
+    pub rewound_from: Option<Offset>,
 }
 
 /// The stamp of each lane checkpoint of a batch.
@@ -203,6 +228,39 @@ pub(super) fn progress_record(
     (key, cp.encode(), dropped)
 }
 
+/// The headers of a progress record: its leader epoch and its rewound mark, as text.
+fn stamp_headers(
+    leader_epoch: Option<i32>,
+    rewound_from: Option<Offset>,
+) -> Vec<(&'static str, String)> {
+    let epoch = leader_epoch.map(|e| (LEADER_EPOCH_HEADER, e.to_string()));
+    let rewound = rewound_from.map(|b| (REWOUND_HEADER, b.to_string()));
+    epoch.into_iter().chain(rewound).collect()
+}
+
+/// Sends a progress record (`key`, `value`, `headers` from [`stamp_headers`]) to the
+/// progress topic's home partition.
+fn send_progress(
+    log: &KafkaLog,
+    key: &str,
+    value: &[u8],
+    headers: &[(&'static str, String)],
+) -> Result<super::log::Delivery, String> {
+    let inner = &log.inner;
+    let topic = inner.settings.progress_topic.as_str();
+    let list: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    let out = Outgoing::new(&list, value);
+    let record = if list.is_empty() {
+        FutureRecord::to(topic).payload(value)
+    } else {
+        out.record(topic)
+    };
+    inner
+        .producer
+        .send_result(record.partition(HOME_PARTITION).key(key))
+        .map_err(|(e, _)| format!("cannot write the progress topic: {e}"))
+}
+
 /// Writes each lane's claim ([`super::rules::assign::claim`]: the checkpoint it resumes
 /// from, under its new owner's generation `gen`, stamped with the checkpoint's leader
 /// epoch) to the progress topic's home partition and waits until the broker acknowledged
@@ -219,26 +277,9 @@ pub(super) async fn claim(
     let mut pending = Vec::with_capacity(claims.len());
     for (lane, leader_epoch) in claims {
         let (key, value, _) = progress_record(lane, gen, s.max_progress_ranges);
-        let record = FutureRecord::to(&s.progress_topic)
-            .partition(HOME_PARTITION)
-            .key(&key)
-            .payload(&value);
-        #[cfg(not(madsim))]
-        let text = leader_epoch.map(|e| e.to_string());
-        #[cfg(not(madsim))]
-        let record = match &text {
-            Some(t) => record.headers(OwnedHeaders::new().insert(Header {
-                key: LEADER_EPOCH_HEADER,
-                value: Some(t.as_bytes()),
-            })),
-            None => record,
-        };
-        #[cfg(madsim)]
-        let _ = leader_epoch;
-        match inner.producer.send_result(record) {
-            Ok(f) => pending.push(f),
-            Err((e, _)) => return Err(format!("cannot write a claim to the progress topic: {e}")),
-        }
+        let rewound = inner.progress.rewound(lane);
+        let headers = stamp_headers(*leader_epoch, rewound);
+        pending.push(send_progress(log, &key, &value, &headers)?);
     }
     for f in pending {
         match f.await {
@@ -303,6 +344,8 @@ impl ReaderState {
         let (headers, payload) = super::records::incoming(m);
         let leader_epoch =
             super::records::header(&headers, LEADER_EPOCH_HEADER).and_then(parse_epoch);
+        let rewound_from = super::records::header(&headers, REWOUND_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok());
         match payload.map(Checkpoint::decode) {
             None => self.absorb(home, key, None),
             Some(Ok(checkpoint)) => self.absorb(
@@ -311,6 +354,7 @@ impl ReaderState {
                 Some(Stored {
                     checkpoint,
                     leader_epoch,
+                    rewound_from,
                 }),
             ),
             Some(Err(e)) => tracing::error!(%key, error = %e, "corrupt progress record ignored"),
@@ -373,6 +417,7 @@ impl ReaderState {
         Some(Chosen {
             checkpoint: winner.map(|(_, s)| s.checkpoint.clone()),
             leader_epoch: winner.and_then(|(_, s)| s.leader_epoch),
+            rewound_from: winner.and_then(|(_, s)| s.rewound_from),
             stale: stale
                 .into_iter()
                 .map(|g| progress_key(group, topic, p, g))
@@ -414,6 +459,7 @@ impl ProgressReader {
         gen: OwnerGen,
         leader_epoch: Option<i32>,
         stale: Vec<String>,
+        reached: Offset,
     ) {
         lock(&self.owners).insert(
             (group.clone(), partition),
@@ -421,8 +467,17 @@ impl ProgressReader {
                 gen,
                 leader_epoch,
                 stale,
+                reached,
             },
         );
+    }
+
+    /// The rewound mark of `lane`'s checkpoint written now by its owner here
+    /// ([`mark`]); `None` when the lane is not owned here.
+    fn rewound(&self, lane: &LaneCheckpoint) -> Option<Offset> {
+        let mut owners = lock(&self.owners);
+        let o = owners.get_mut(&(lane.group.clone(), lane.partition))?;
+        mark(&mut o.reached, lane.checkpoint.progress.watermark())
     }
 
     /// The lane's position reached a record of leader epoch `epoch`: later progress
@@ -445,17 +500,18 @@ impl ProgressReader {
     /// The stamp of each checkpoint of `batch`, or why the batch is fenced (a lane this
     /// instance does not own).
     fn stamps(&self, batch: &PersistBatch) -> Result<Stamps, String> {
-        let owners = lock(&self.owners);
+        let mut owners = lock(&self.owners);
         batch
             .checkpoints
             .iter()
             .map(|c| {
                 owners
-                    .get(&(c.group.clone(), c.partition))
+                    .get_mut(&(c.group.clone(), c.partition))
                     .map(|o| Stamp {
                         gen: o.gen,
                         leader_epoch: o.leader_epoch,
                         stale: o.stale.clone(),
+                        rewound_from: mark(&mut o.reached, c.checkpoint.progress.watermark()),
                     })
                     .ok_or_else(|| {
                         format!(
@@ -639,7 +695,8 @@ impl KafkaState {
         }
     }
 
-    /// The key and value of the progress record [`StatePort::apply`] would write for
+    /// The key and value (as the broker stores it: with its headers under madsim) of the
+    /// progress record [`StatePort::apply`] would write for
     /// `lane` now (stamped with this instance's ownership generation, bounded), and how
     /// many ranges and attempt counts the bound dropped; why not when the lane is not owned
     /// here (the batch is fenced). Public so a simulation can recognise the record at the
@@ -649,15 +706,19 @@ impl KafkaState {
             checkpoints: vec![lane.clone()],
             ..PersistBatch::default()
         };
-        let gen = self
+        let stamp = self
             .log
             .inner
             .progress
             .stamps(&one)?
-            .first()
-            .and_then(|s| s.gen);
+            .into_iter()
+            .next()
+            .unwrap_or_default();
         let max = self.log.settings().max_progress_ranges;
-        Ok(progress_record(lane, gen, max))
+        let (key, value, dropped) = progress_record(lane, stamp.gen, max);
+        let headers = stamp_headers(stamp.leader_epoch, stamp.rewound_from);
+        let list: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        Ok((key, stored_value(&list, &value), dropped))
     }
 
     /// The DLQ ledger of `group`, read to its end (off the async workers; under madsim by
@@ -807,26 +868,8 @@ impl StatePort for KafkaState {
                         .progress_ranges_dropped
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
-                let record = FutureRecord::to(&s.progress_topic)
-                    .partition(HOME_PARTITION)
-                    .key(&key)
-                    .payload(&value);
-                // The simulated broker has no leader epochs (and no headers).
-                #[cfg(not(madsim))]
-                let record = match stamp.leader_epoch {
-                    Some(e) => {
-                        let text = e.to_string();
-                        record.headers(OwnedHeaders::new().insert(Header {
-                            key: LEADER_EPOCH_HEADER,
-                            value: Some(text.as_bytes()),
-                        }))
-                    }
-                    None => record,
-                };
-                match inner.producer.send_result(record) {
-                    Ok(f) => pending.push(f),
-                    Err((e, _)) => return Err(format!("cannot write the progress topic: {e}")),
-                }
+                let headers = stamp_headers(stamp.leader_epoch, stamp.rewound_from);
+                pending.push(send_progress(&log, &key, &value, &headers)?);
             }
             for f in pending {
                 match f.await {
@@ -931,6 +974,7 @@ impl ReaderState {
             value.map(|checkpoint| Stored {
                 checkpoint,
                 leader_epoch: None,
+                rewound_from: None,
             }),
         );
     }

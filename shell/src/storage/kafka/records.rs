@@ -100,6 +100,27 @@ pub(super) fn incoming<M: Message>(m: &M) -> (HeaderList<'_>, Option<&[u8]>) {
     }
 }
 
+/// `value` as this build's broker stores it with `headers`: the value itself, or under
+/// madsim with headers, their frame in front of it (what [`Outgoing`] sends).
+pub(super) fn stored_value(headers: &[(&str, &[u8])], value: &[u8]) -> Vec<u8> {
+    #[cfg(madsim)]
+    if !headers.is_empty() {
+        return sim_frame::encode(headers, value);
+    }
+    let _ = headers;
+    value.to_vec()
+}
+
+/// The value of a stored record without this build's headers frame (the value itself but
+/// under madsim), for a simulation that reads the broker's bytes.
+pub fn unframed(stored: &[u8]) -> &[u8] {
+    #[cfg(madsim)]
+    if let Some((_, value)) = sim_frame::decode(stored) {
+        return value;
+    }
+    stored
+}
+
 /// A Kafka record as the core's record: its CloudEvent in the stored form, or the reason
 /// it carries none (the core dead-letters it).
 pub fn decode_message<M: Message>(m: &M, max_event_bytes: usize) -> Record {

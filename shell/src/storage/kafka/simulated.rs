@@ -416,7 +416,7 @@ impl Shared {
             }
             log.inner
                 .progress
-                .own(&self.group, p, gen, lane.stamp, lane.stale);
+                .own(&self.group, p, gen, lane.stamp, lane.stale, lane.reached);
             lock(&self.state).lanes.insert(
                 p,
                 Arc::new(tokio::sync::Mutex::new(Lane {

@@ -53,7 +53,7 @@ use unimesh_shell::engine::{
     AppendError, BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
     TopicFacts,
 };
-use unimesh_shell::kafka::{decode_message, KafkaLog, KafkaSettings, KafkaState};
+use unimesh_shell::kafka::{decode_message, unframed, KafkaLog, KafkaSettings, KafkaState};
 use unimesh_shell::storage;
 
 use super::coordinator::{Coordinator, Timing};
@@ -573,9 +573,12 @@ impl Tap {
             .rev()
             .flat_map(|kept| kept.iter().rev())
             .find_map(|l| {
-                (unimesh_core::Checkpoint::decode(&l.value).ok().as_ref() == Some(checkpoint))
-                    .then(|| l.writer.clone())
-                    .flatten()
+                (unimesh_core::Checkpoint::decode(unframed(&l.value))
+                    .ok()
+                    .as_ref()
+                    == Some(checkpoint))
+                .then(|| l.writer.clone())
+                .flatten()
             })
     }
 

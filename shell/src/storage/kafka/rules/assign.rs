@@ -26,11 +26,15 @@ pub struct Found {
 /// the stream must hold every record from), the leader epoch of the checkpoint resumed
 /// from (what the owner's progress records are stamped with until the lane reads on) and
 /// the keys of the lane's older progress records, deleted after the owner's first write.
+/// `reached`: the highest position the lane's owners are known to have reached (the
+/// checkpoint's watermark, its rewound mark, the group's commit), from which the owner's
+/// records below it are marked rewound (`fence.rs`).
 pub struct LaneStart<F> {
     pub assignment: Assignment,
     pub part: Part<F>,
     pub stamp: Option<i32>,
     pub stale: Vec<String>,
+    pub reached: Offset,
 }
 
 /// What the new owner of a lane writes, under its own generation, before the engine takes
@@ -47,13 +51,19 @@ pub fn claim<F>(lane: &LaneStart<F>) -> Option<(&Checkpoint, Option<i32>)> {
 
 /// The checkpoint a lane resumes from and its leader epoch: the progress record, unless
 /// the group's committed offset is past it — then the committed offset alone (a commit
-/// carries no leader epoch here, so such a lane is checked against the log's end only).
+/// carries no leader epoch here, so such a lane is checked against the log's end only) —
+/// or the record is rewound from at least the commit (a seek back whose commit was
+/// refused: `fence.rs`, "Rewound").
 pub fn resume_point(
     chosen: &Chosen,
     committed: Option<Offset>,
 ) -> (Option<Checkpoint>, Option<i32>) {
     match (chosen.checkpoint.as_ref(), committed) {
-        (Some(cp), Some(c)) if c > cp.progress.watermark() => (Some(Checkpoint::new(c)), None),
+        (Some(cp), Some(c))
+            if c > cp.progress.watermark() && chosen.rewound_from.is_none_or(|b| b < c) =>
+        {
+            (Some(Checkpoint::new(c)), None)
+        }
         (Some(cp), _) => (Some(cp.clone()), chosen.leader_epoch),
         (None, Some(c)) => (Some(Checkpoint::new(c)), None),
         (None, None) => (None, None),
@@ -70,6 +80,10 @@ pub fn lane_start<F: Waiting>(partition: Partition, found: Found) -> LaneStart<F
     let start = checkpoint
         .as_ref()
         .map_or(earliest, |c| c.progress.watermark());
+    let reached = [found.chosen.rewound_from, found.committed]
+        .into_iter()
+        .flatten()
+        .fold(start, Offset::max);
     let mut part = Part::new(start);
     part.epoch = stamp;
     if let Some(c) = &checkpoint {
@@ -90,6 +104,7 @@ pub fn lane_start<F: Waiting>(partition: Partition, found: Found) -> LaneStart<F
         part,
         stamp,
         stale: found.chosen.stale,
+        reached,
     }
 }
 
@@ -117,6 +132,7 @@ mod tests {
                 attempts: vec![(w, 2)],
             }),
             leader_epoch: epoch,
+            rewound_from: None,
             stale: vec!["g\nt\n0\n3".into()],
         }
     }
@@ -138,6 +154,15 @@ mod tests {
         }
         let r = resume_point(&rec, Some(11));
         assert_eq!((wm(&r), r.1), (Some((11, 0)), None));
+        // A seek back whose commit was refused: the record stands up to its mark.
+        let rewound = Chosen {
+            rewound_from: Some(11),
+            ..rec.clone()
+        };
+        let r = resume_point(&rewound, Some(11));
+        assert_eq!((wm(&r), r.1), (Some((10, 1)), Some(4)));
+        let r = resume_point(&rewound, Some(12));
+        assert_eq!((wm(&r), r.1), (Some((12, 0)), None));
         let none = chosen(None, None);
         let r = resume_point(&none, Some(5));
         assert_eq!((wm(&r), r.1), (Some((5, 0)), None));
@@ -175,7 +200,20 @@ mod tests {
             ),
             (2, 3, 20)
         );
-        assert_eq!((l.stamp, l.stale.len()), (Some(4), 1));
+        assert_eq!((l.stamp, l.stale.len(), l.reached), (Some(4), 1, 10));
+        // The position reached is the highest of the watermark, its mark and the commit.
+        let rewound = Chosen {
+            rewound_from: Some(16),
+            ..chosen(Some(10), Some(4))
+        };
+        let l: LaneStart<Want> = lane_start(
+            2,
+            Found {
+                committed: Some(13),
+                ..found(rewound, Some((3, 20)), None)
+            },
+        );
+        assert_eq!((l.part.base, l.reached), (10, 16));
         // Offsets unread: the cache tells the engine, the check reads them afresh.
         let l: LaneStart<Want> = lane_start(0, found(chosen(Some(10), None), None, Some((1, 30))));
         assert_eq!((l.assignment.earliest, l.assignment.end), (1, 30));
