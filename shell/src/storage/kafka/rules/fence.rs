@@ -299,7 +299,7 @@ mod tests {
         );
         assert_eq!(stale, Vec::<OwnerGen>::new());
         // Once the group's commits passed it, the earlier life's key is deleted.
-        assert_eq!(choose(&recs, Some(2), Some(40)).1, vec![Some(1), Some(9)]);
+        assert_eq!(choose(&recs, Some(2), Some(51)).1, vec![Some(1), Some(9)]);
         // A reader that knows no generation takes the highest and deletes all stamped keys.
         let (winner, stale) = choose(&recs, None, None);
         assert_eq!(winner.map(|(g, _)| g), Some(Some(9)));
