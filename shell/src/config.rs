@@ -92,6 +92,8 @@ pub struct Config {
     pub kafka: Kafka,
     /// Publish deduplication (off by default).
     pub dedup: Dedup,
+    /// The OTLP span exporter (off unless an endpoint is set).
+    pub otel: Otel,
     /// Bearer tokens and rights (see `config::auth`); none: auth is off.
     pub auth: Auth,
 }
@@ -130,6 +132,27 @@ impl Default for Dedup {
             window_s: 0,
             max_entries: 100_000,
             topics: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[otel]`: spans exported over OTLP (HTTP/protobuf) to a collector. Off while `endpoint`
+/// is empty and neither `OTEL_EXPORTER_OTLP_ENDPOINT` nor
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (the binary's `otlp` feature).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Otel {
+    /// The collector's base URL (`http://HOST:4318`); spans go to `{endpoint}/v1/traces`.
+    pub endpoint: String,
+    /// The `service.name` of the exported resource.
+    pub service_name: String,
+}
+
+impl Default for Otel {
+    fn default() -> Self {
+        Self {
+            endpoint: String::new(),
+            service_name: "unimesh".to_owned(),
         }
     }
 }
@@ -519,6 +542,7 @@ impl Default for Config {
             mesh: Mesh::from(&MeshConfig::default()),
             kafka: Kafka::default(),
             dedup: Dedup::default(),
+            otel: Otel::default(),
             auth: Auth::default(),
         }
     }
@@ -756,6 +780,33 @@ impl Config {
             .collect()
     }
 
+    /// `[otel]`: an `http://` or `https://` URL when set, and a service name.
+    fn validate_otel(&self) -> Result<(), ConfigError> {
+        let o = &self.otel;
+        let bad = |key: &str, why: String| {
+            Err(ConfigError::Invalid {
+                key: key.to_owned(),
+                why,
+            })
+        };
+        if !o.endpoint.is_empty() {
+            match url::Url::parse(&o.endpoint) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                Ok(u) => {
+                    return bad(
+                        "otel.endpoint",
+                        format!("scheme {} is not http or https", u.scheme()),
+                    )
+                }
+                Err(e) => return bad("otel.endpoint", format!("is not a URL: {e}")),
+            }
+        }
+        if o.service_name.trim().is_empty() {
+            return bad("otel.service_name", "must not be empty".into());
+        }
+        Ok(())
+    }
+
     /// `[dedup]`: every window and entry bound in range, every topic a topic name.
     fn validate_dedup(&self) -> Result<(), ConfigError> {
         use crate::engine::dedup::{MAX_ENTRIES, MAX_WINDOW_MS};
@@ -990,6 +1041,7 @@ impl Config {
             );
         }
         self.validate_dedup()?;
+        self.validate_otel()?;
         let k = &self.kafka;
         if s.backend == StorageBackend::Kafka {
             if k.brokers.split(',').all(|b| b.trim().is_empty()) {
@@ -1845,6 +1897,55 @@ mod tests {
         .expect_err("refused")
         .to_string();
         assert!(err.contains("dedup.topics.NAME"), "{err}");
+    }
+
+    /// Goal: `[otel]` is off by default, set from the file or `UNIMESH_OTEL_ENDPOINT`, and an
+    /// endpoint that is not an http(s) URL, or an empty service name, is refused by name.
+    #[test]
+    fn otel_loads_from_file_and_environment_and_bad_values_are_named() {
+        assert!(Config::default().otel.endpoint.is_empty());
+        let c = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_OTEL_ENDPOINT", "http://127.0.0.1:4318")]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.otel.endpoint, "http://127.0.0.1:4318");
+        assert_eq!(c.otel.service_name, "unimesh");
+        let f = file("[otel]\nendpoint = \"https://collector:4318/\"\nservice_name = \"m\"\n");
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        assert_eq!(c.otel.service_name, "m");
+        for (text, key, why) in [
+            (
+                "[otel]\nendpoint = \"grpc://x:4317\"\n",
+                "otel.endpoint",
+                "scheme grpc",
+            ),
+            (
+                "[otel]\nendpoint = \"x:4318\"\n",
+                "otel.endpoint",
+                "not http or https",
+            ),
+            (
+                "[otel]\nendpoint = \"no url\"\n",
+                "otel.endpoint",
+                "not a URL",
+            ),
+            (
+                "[otel]\nservice_name = \" \"\n",
+                "otel.service_name",
+                "empty",
+            ),
+        ] {
+            let f = file(text);
+            match load(&with_file(&f), env(&[])) {
+                Err(ConfigError::Invalid { key: k, why: w }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(w.contains(why), "{text}: {w}");
+                }
+                other => panic!("{text}: expected an error on {key}, got {other:?}"),
+            }
+        }
     }
 
     /// Goal: TLS and JWT settings come from the file, the environment and the flags like

@@ -7,3 +7,4 @@ pub mod kafka;
 pub mod log;
 pub mod spec_json;
 pub mod state;
+pub mod trace;
