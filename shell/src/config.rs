@@ -84,6 +84,8 @@ pub struct Config {
     pub kafka: Kafka,
     /// Publish deduplication (off by default).
     pub dedup: Dedup,
+    /// The OTLP span exporter (off unless an endpoint is set).
+    pub otel: Otel,
     /// Bearer tokens and rights (see `config::auth`); none: auth is off.
     pub auth: Auth,
 }
@@ -122,6 +124,27 @@ impl Default for Dedup {
             window_s: 0,
             max_entries: NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN),
             topics: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[otel]`: spans exported over OTLP (HTTP/protobuf) to a collector. Off while `endpoint`
+/// is empty and neither `OTEL_EXPORTER_OTLP_ENDPOINT` nor
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (the binary's `otlp` feature).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Otel {
+    /// The collector's base URL (`http://HOST:4318`); spans go to `{endpoint}/v1/traces`.
+    pub endpoint: String,
+    /// The `service.name` of the exported resource.
+    pub service_name: String,
+}
+
+impl Default for Otel {
+    fn default() -> Self {
+        Self {
+            endpoint: String::new(),
+            service_name: "unimesh".to_owned(),
         }
     }
 }
@@ -526,6 +549,7 @@ impl Default for Config {
             mesh: Mesh::from(&MeshConfig::default()),
             kafka: Kafka::default(),
             dedup: Dedup::default(),
+            otel: Otel::default(),
             auth: Auth::default(),
         }
     }
@@ -807,6 +831,7 @@ impl Config {
             .map_err(|(key, why)| Invalid { key, why })?;
         self.storage.validate(&self.limits)?;
         self.dedup.validate()?;
+        self.otel.validate()?;
         if self.storage.backend == StorageBackend::Kafka {
             self.kafka.validate()?;
         }
@@ -1032,6 +1057,28 @@ impl Kafka {
             &k.instance,
         )
         .map_err(|(key, why)| Invalid { key, why })
+    }
+}
+
+impl Otel {
+    /// `[otel]`: an `http://` or `https://` URL when set, and a service name.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !self.endpoint.is_empty() {
+            match url::Url::parse(&self.endpoint) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                Ok(u) => {
+                    return refuse(
+                        "otel.endpoint",
+                        format!("scheme {} is not http or https", u.scheme()),
+                    )
+                }
+                Err(e) => return refuse("otel.endpoint", format!("is not a URL: {e}")),
+            }
+        }
+        if self.service_name.trim().is_empty() {
+            return refuse("otel.service_name", "must not be empty");
+        }
+        Ok(())
     }
 }
 
@@ -1708,6 +1755,55 @@ mod tests {
         .expect_err("refused")
         .to_string();
         assert!(err.contains("dedup.topics.NAME"), "{err}");
+    }
+
+    /// Goal: `[otel]` is off by default, set from the file or `UNIMESH_OTEL_ENDPOINT`, and an
+    /// endpoint that is not an http(s) URL, or an empty service name, is refused by name.
+    #[test]
+    fn otel_loads_from_file_and_environment_and_bad_values_are_named() {
+        assert!(Config::default().otel.endpoint.is_empty());
+        let c = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_OTEL_ENDPOINT", "http://127.0.0.1:4318")]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.otel.endpoint, "http://127.0.0.1:4318");
+        assert_eq!(c.otel.service_name, "unimesh");
+        let f = file("[otel]\nendpoint = \"https://collector:4318/\"\nservice_name = \"m\"\n");
+        let c = load(&with_file(&f), env(&[])).expect("loads").config;
+        assert_eq!(c.otel.service_name, "m");
+        for (text, key, why) in [
+            (
+                "[otel]\nendpoint = \"grpc://x:4317\"\n",
+                "otel.endpoint",
+                "scheme grpc",
+            ),
+            (
+                "[otel]\nendpoint = \"x:4318\"\n",
+                "otel.endpoint",
+                "not http or https",
+            ),
+            (
+                "[otel]\nendpoint = \"no url\"\n",
+                "otel.endpoint",
+                "not a URL",
+            ),
+            (
+                "[otel]\nservice_name = \" \"\n",
+                "otel.service_name",
+                "empty",
+            ),
+        ] {
+            let f = file(text);
+            match load(&with_file(&f), env(&[])) {
+                Err(ConfigError::Invalid { key: k, why: w, .. }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(w.contains(why), "{text}: {w}");
+                }
+                other => panic!("{text}: expected an error on {key}, got {other:?}"),
+            }
+        }
     }
 
     /// Goal: TLS and JWT settings come from the file, the environment and the flags like

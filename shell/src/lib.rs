@@ -5,5 +5,6 @@ pub mod http;
 pub mod json_numbers;
 pub mod spec_json;
 pub mod storage;
+pub mod trace;
 
 pub use storage::{kafka, log, state};

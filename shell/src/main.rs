@@ -17,7 +17,9 @@ use std::time::Duration;
 mod cli;
 
 use clap::{Args, Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 use unimesh_shell::config::{self, Config, Overrides, StateBackend, ENV_PREFIX};
 use unimesh_shell::engine::{self, LogPort, StatePort};
 use unimesh_shell::http::jwt::Verifier;
@@ -26,6 +28,8 @@ use unimesh_shell::http::{App, Server};
 use unimesh_shell::kafka::KafkaLog;
 use unimesh_shell::state::{MemoryDisk, MemoryStore, RocksStore, SledStore, StateStore};
 use unimesh_shell::storage::{Backend, WaitForBroker};
+#[cfg(feature = "otlp")]
+use unimesh_shell::trace;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -136,7 +140,13 @@ fn main() -> ExitCode {
             }
         };
     }
-    init_tracing(&loaded.config.log);
+    let exporter = match init_tracing(&loaded.config) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("unimesh: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("unimesh")
@@ -148,13 +158,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(loaded)) {
+    let code = match runtime.block_on(serve(loaded)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::FAILURE
         }
+    };
+    // The spans still buffered go out before the process ends.
+    #[cfg(feature = "otlp")]
+    if let Some(x) = exporter {
+        x.shutdown();
     }
+    #[cfg(not(feature = "otlp"))]
+    let () = exporter;
+    code
 }
 
 /// The `UNIMESH_*` variables. One that is not UTF-8 is an error rather than silently unset.
@@ -194,16 +212,50 @@ fn retention_summary(s: &config::Storage) -> String {
     }
 }
 
-fn init_tracing(filter: &str) {
+/// Logs to stderr through the `log` filter and, when configured, spans to an OTLP
+/// collector (`[otel]`, DESIGN.md §5.4); answers the exporter to flush at exit.
+#[cfg(feature = "otlp")]
+fn init_tracing(cfg: &config::Config) -> Result<Option<trace::otlp::Exporter>, String> {
+    let (otel, exporter) = match trace::otlp::layer(&cfg.otel)? {
+        Some((layer, exporter)) => (Some(layer), Some(exporter)),
+        None => (None, None),
+    };
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(log_layer(&cfg.log))
+        .init();
+    if let Some(x) = &exporter {
+        tracing::info!(endpoint = %x.endpoint, "exporting spans over OTLP");
+    }
+    Ok(exporter)
+}
+
+#[cfg(not(feature = "otlp"))]
+fn init_tracing(cfg: &config::Config) -> Result<(), String> {
+    tracing_subscriber::registry()
+        .with(log_layer(&cfg.log))
+        .init();
+    if !cfg.otel.endpoint.is_empty() {
+        tracing::warn!(
+            "otel.endpoint is set but this build has no `otlp` feature: no spans are exported"
+        );
+    }
+    Ok(())
+}
+
+/// The log lines on stderr, through the `log` filter.
+fn log_layer<S>(filter: &str) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
     // `Config::validate` already parsed the filter; fall back to `info` if it somehow fails.
     let filter = EnvFilter::builder()
         .parse(filter)
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_filter(filter)
 }
 
 async fn serve(loaded: config::Loaded) -> Result<(), String> {

@@ -115,7 +115,7 @@ fn outside_kafka_clients_and_unimesh_read_each_others_records() {
     // unimesh → confluent-kafka.
     let event = json!({
         "specversion": "1.0", "id": "um-1", "source": "/unimesh/test", "type": "com.example.paid",
-        "partitionkey": "order-9", "datacontenttype": "application/json", "traceparent": "00-abc-01"
+        "partitionkey": "order-9", "datacontenttype": "application/json", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     });
     let placed = published(
         &server.publish_binary(topic, &event, br#"{"paid":true}"#),
@@ -131,7 +131,10 @@ fn outside_kafka_clients_and_unimesh_read_each_others_records() {
     assert_eq!(mine["headers"]["ce_source"], "/unimesh/test");
     assert_eq!(mine["headers"]["ce_type"], "com.example.paid");
     assert_eq!(mine["headers"]["ce_partitionkey"], "order-9");
-    assert_eq!(mine["headers"]["ce_traceparent"], "00-abc-01");
+    assert_eq!(
+        mine["headers"]["ce_traceparent"],
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
     assert_eq!(mine["headers"]["content-type"], "application/json");
     assert_eq!(mine["value"], r#"{"paid":true}"#);
     assert_eq!(

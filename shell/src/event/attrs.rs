@@ -8,6 +8,7 @@ use cloudevents::{AttributesWriter, Data, Event, EventBuilder, EventBuilderV10};
 use url::Url;
 
 use super::error::{Field, PublishError};
+use crate::trace::context::{TraceParent, TRACEPARENT, TRACESTATE};
 
 /// Extension names the mesh sets itself on every delivery (docs/DESIGN.md §2). A publisher that
 /// sets them would be asking the mesh to lie about the broker position, so they are refused.
@@ -194,6 +195,17 @@ impl Draft {
                     "is reserved: the mesh sets it on delivery to the broker position",
                 )),
             };
+        }
+        if self.origin == Origin::Publish && matches!(name, TRACEPARENT | TRACESTATE) {
+            // The distributed-tracing extension: strings; a `traceparent` that is not W3C
+            // trace context is refused (DESIGN.md §8), `tracestate` is kept as written.
+            let v = self.string(name, value)?;
+            if name == TRACEPARENT {
+                TraceParent::parse(&v).map_err(|why| self.err(name, why))?;
+            }
+            self.extensions
+                .push((name.to_owned(), ExtensionValue::String(v)));
+            return Ok(());
         }
         let v = match value {
             AttrValue::Str(s) => ExtensionValue::String(s),

@@ -35,6 +35,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument as _;
 use unimesh_core::{ClientId, Delivery, GroupName};
 
 use super::target::{refusal_in, CheckedResolver, Refusal, TargetPolicy};
@@ -146,10 +147,26 @@ impl Pusher {
 
     /// Pushes deliveries (one in binary mode, or a batch) and says how it ended for all.
     async fn push(&self, batch: &[Delivery]) -> PushOutcome {
+        let spans = crate::trace::push_spans(&self.target.group, batch);
         let pushed = match batch {
-            [d] if self.target.batch <= 1 => self.push_one(d).await,
+            [d] if self.target.batch <= 1 => self.push_one(d, spans.first()).await,
             _ => self.push_batch(batch).await,
         };
+        let outcome = self.outcome(pushed);
+        for span in &spans {
+            span.record(
+                "outcome",
+                match outcome {
+                    PushOutcome::Ack => "ack",
+                    PushOutcome::Nack { .. } => "nack",
+                },
+            );
+        }
+        outcome
+    }
+
+    /// A refused target fails (NACKed with backoff), warned once.
+    fn outcome(&self, pushed: Result<PushOutcome, Refusal>) -> PushOutcome {
         match pushed {
             Ok(outcome) => outcome,
             Err(refusal) => {
@@ -168,7 +185,14 @@ impl Pusher {
 
     /// POSTs one delivery in binary mode and says how it ended, or why its target was
     /// refused.
-    async fn push_one(&self, d: &Delivery) -> Result<PushOutcome, Refusal> {
+    /// Binary mode carries the event's trace as the W3C `traceparent` header as well as
+    /// `ce-traceparent` (while exporting: the push span's own context, a child of the
+    /// event's trace), so a receiver that knows only W3C trace context continues the trace.
+    async fn push_one(
+        &self,
+        d: &Delivery,
+        span: Option<&tracing::Span>,
+    ) -> Result<PushOutcome, Refusal> {
         let (mut headers, body) = match to_binary_request_parts(
             &d.record.body,
             d.partition,
@@ -186,7 +210,18 @@ impl Pusher {
             headers.insert(DELIVERY_ID_HEADER, v);
         }
         headers.insert(ATTEMPT_HEADER, HeaderValue::from(d.attempt));
-        self.send(headers, body, &id).await
+        let event = crate::trace::event_context(&d.record.meta);
+        let none = tracing::Span::none();
+        let span = span.unwrap_or(&none);
+        if let Some(tp) = crate::trace::outgoing(span, event.map(|(p, _)| p)) {
+            if let Ok(v) = HeaderValue::from_str(&tp) {
+                headers.insert(crate::trace::context::TRACEPARENT, v);
+            }
+            if let Some(state) = event.and_then(|(_, s)| HeaderValue::from_str(s?).ok()) {
+                headers.insert(crate::trace::context::TRACESTATE, state);
+            }
+        }
+        self.send(headers, body, &id).instrument(span.clone()).await
     }
 
     /// POSTs deliveries as one CloudEvents batch (structured events, as a long-poll hands

@@ -20,6 +20,7 @@ use axum::routing::{get, MethodRouter};
 use axum::Router;
 use http::header::CONNECTION;
 use http::{Method, Uri, Version};
+use tracing::Instrument as _;
 use utoipa::openapi::path::Paths;
 use utoipa::openapi::{HttpMethod, OpenApi};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
@@ -189,7 +190,9 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
         .get::<MatchedPath>()
         .map(|p| format!("{} {}", req.method(), p.as_str()));
     let (method, uri) = (req.method().clone(), req.uri().clone());
-    let mut response = next.run(req).await;
+    let span = crate::trace::request_span(&req);
+    let mut response = next.run(req).instrument(span.clone()).await;
+    span.record("status", response.status().as_u16());
     if let Some(Logged(e)) = response.extensions_mut().remove::<Logged>() {
         if e.status.is_server_error() {
             tracing::warn!(%method, path = %uri.path(), error = %e, "request failed");

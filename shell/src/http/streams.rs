@@ -168,6 +168,7 @@ fn sse_events(
             st.unreported = batch.len();
             let mut events = Vec::with_capacity(batch.len());
             for d in &batch {
+                let _deliver = crate::trace::deliver_span(&st.group, d, "sse").entered();
                 if let Some(json) = DeliveryView::json(&st.group, d) {
                     events.push(Event::default().id(d.id.to_string()).data(json));
                 }
@@ -276,6 +277,8 @@ async fn ws_session(
                 let mut failed = Vec::new();
                 let mut written = 0;
                 for d in &batch {
+                    // Spans the write; not entered across the await.
+                    let _deliver = crate::trace::deliver_span(&group, d, "websocket");
                     let Some(text) = DeliveryView::json(&group, d) else { continue };
                     if failed.is_empty() && socket.send(Message::Text(text.into())).await.is_ok() {
                         written += 1;

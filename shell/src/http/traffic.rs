@@ -15,6 +15,7 @@ use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
+use tracing::Instrument as _;
 use unimesh_core::{ClientId, DeliveryId, GroupName, RecordMeta, Settle, TopicName};
 use utoipa::{IntoParams, ToSchema};
 
@@ -101,7 +102,14 @@ pub(super) async fn publish(
     // Only while a request/reply request waits (or timed out lately) are the events kept
     // to be offered as replies.
     let offered = app.replies.interested().then(|| events.clone());
+    let spans = crate::trace::publish_spans(&topic, &events);
     let results: Vec<PublishResult> = app.engine.publish(&topic, events).await?;
+    for (span, r) in spans.iter().zip(&results) {
+        span.record("partition", r.partition);
+        span.record("offset", r.offset);
+        span.record("duplicate", r.duplicate);
+    }
+    drop(spans);
     let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
     app.metrics
         .published(&topic, results.len() as u64 - duplicates);
@@ -321,7 +329,21 @@ pub(super) async fn poll(
     let wait_ms = q.bounded("waitMs", l.default_wait_ms, 0, l.max_wait_ms)?;
     // `max` is at most `max_poll_events`, a u32.
     let max = u32::try_from(max).unwrap_or(l.max_poll_events);
-    let deliveries = app.engine.poll(&group, &client, max, wait_ms).await?;
+    let fetch = tracing::debug_span!(
+        target: crate::trace::TARGET,
+        "fetch",
+        group = %group,
+        client = %client,
+        max,
+        wait_ms,
+        events = tracing::field::Empty,
+    );
+    let deliveries = app
+        .engine
+        .poll(&group, &client, max, wait_ms)
+        .instrument(fetch.clone())
+        .await?;
+    fetch.record("events", deliveries.len());
     let mut body = String::with_capacity(
         2 + deliveries
             .iter()
@@ -330,6 +352,7 @@ pub(super) async fn poll(
     );
     body.push('[');
     for d in &deliveries {
+        let _deliver = crate::trace::deliver_span(&group, d, "poll").entered();
         if let Some(json) = DeliveryView::json(&group, d) {
             if body.len() > 1 {
                 body.push(',');
@@ -591,10 +614,30 @@ pub(super) async fn settle(
         )));
     }
     let (ids, mut rejected) = parse_ids(raw_ids);
+    let spans: Vec<tracing::Span> = if crate::trace::event_spans_on() {
+        let name = match &how {
+            Settling::Ack => "ack",
+            Settling::Nack { .. } => "nack",
+            Settling::Extend { .. } => "extend",
+        };
+        ids.iter()
+            .map(|(_, id)| crate::trace::settle_span(group, id, name))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let outcomes = app
         .engine
         .settle(group, how, ids.iter().map(|(_, id)| *id).collect())
         .await?;
+    for (span, outcome) in spans.iter().zip(&outcomes) {
+        let said = match outcome {
+            Settle::Accepted => "accepted",
+            Settle::Rejected(reason) => reason.as_str(),
+        };
+        span.record("outcome", said);
+    }
+    drop(spans);
     if outcomes.len() != ids.len() {
         // Every id must get an answer; a short answer would silently drop some.
         return Err(ApiError::internal(format!(

@@ -159,9 +159,11 @@ impl GroupConsumer {
         consumer
             .subscribe(&[topic.as_str()])
             .map_err(|e| format!("cannot subscribe group {group} to {topic}: {e}"))?;
+        // Every line the thread logs (rebalances included) carries its group and topic.
+        let span = tracing::info_span!("kafka_consumer", group = %group, topic = %topic);
         let thread = std::thread::Builder::new()
             .name(format!("kafka-{group}"))
-            .spawn(move || run(consumer))
+            .spawn(move || span.in_scope(|| run(consumer)))
             .map_err(|e| format!("cannot start the consumer thread: {e}"))?;
         tracing::info!(%group, %topic, "Kafka consumer joined the group");
         Ok(Self {
@@ -311,6 +313,14 @@ impl ConsumerContext for GroupContext {
             return;
         };
         let partitions = partitions_of(tpl, &self.topic);
+        let _span = tracing::info_span!(
+            "rebalance",
+            group = %self.group,
+            topic = %self.topic,
+            event = ?err,
+            partitions = ?partitions,
+        )
+        .entered();
         self.log
             .counters()
             .rebalances
