@@ -8,7 +8,7 @@ use cloudevents::{AttributesWriter, Data, Event, EventBuilder, EventBuilderV10};
 use url::Url;
 
 use super::error::{Field, PublishError};
-use crate::trace::context::{TraceParent, TRACEPARENT, TRACESTATE};
+use super::trace_context::{TraceParent, TRACEPARENT, TRACESTATE};
 
 /// Extension names the mesh sets itself on every delivery (docs/DESIGN.md §2). A publisher that
 /// sets them would be asking the mesh to lie about the broker position, so they are refused.

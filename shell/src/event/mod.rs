@@ -25,6 +25,7 @@ mod kafka;
 mod publish;
 mod published;
 mod stored;
+pub mod trace_context;
 
 pub use attrs::{EXTENSION_NAME_MAX, RESERVED_EXTENSIONS};
 pub use cloudevents::Event;

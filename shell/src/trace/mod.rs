@@ -8,7 +8,9 @@
 //! naming the target) they cost one cached interest check each. The exporter's layer enables
 //! them for itself alone.
 
-pub mod context;
+/// The W3C trace context the events carry; parsed where events are (`event` imports no
+/// tracing, so the two modules do not import each other).
+pub use crate::event::trace_context as context;
 #[cfg(all(feature = "otlp", not(madsim)))]
 pub mod otlp;
 
@@ -21,7 +23,7 @@ use unimesh_core::{Delivery, DeliveryId, GroupName, RecordMeta, TopicName};
 
 use crate::event::Published;
 
-use context::{TraceParent, TRACEPARENT, TRACESTATE};
+use self::context::{TraceParent, TRACEPARENT, TRACESTATE};
 
 /// The target of the per-event spans (`publish`, `deliver`, `ack`, `nack`, `extend`,
 /// `push`).
