@@ -196,6 +196,18 @@ impl Scripted {
             .next_back()
     }
 
+    /// Whether any durable checkpoint of (group, partition) has a watermark `which` takes.
+    fn wrote(&self, group: &str, p: Partition, which: impl Fn(Offset) -> bool) -> bool {
+        self.durable
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b.checkpoints.iter())
+            .any(|c| {
+                c.group == g(group) && c.partition == p && which(c.checkpoint.progress.watermark())
+            })
+    }
+
     /// Follows the script's `step`, then makes `write` and keeps the batch as durable.
     async fn write(
         step: Option<Step>,
@@ -491,30 +503,14 @@ async fn a_persist_issued_before_a_lost_revocation_never_reaches_the_store() {
         },
     )
     .await;
-    let old_lane_written = b
-        .state
-        .durable
-        .lock()
-        .unwrap()
-        .iter()
-        .flat_map(|batch| batch.checkpoints.iter())
-        .any(|c| c.group == g("g") && c.partition == 0 && c.checkpoint.progress.watermark() >= 2);
     assert!(
-        !old_lane_written,
+        !b.state.wrote("g", 0, |w| w >= 2),
         "the lost lane's checkpoint issued before the loss reached the store"
     );
     // Reached the store: what the lane's next ownership writes later may be lower (it
     // resumes from what was durable when the partition came back), and is another write.
-    let first_written = b
-        .state
-        .durable
-        .lock()
-        .unwrap()
-        .iter()
-        .flat_map(|batch| batch.checkpoints.iter())
-        .any(|c| c.group == g("g") && c.partition == 0 && c.checkpoint.progress.watermark() == 1);
     assert!(
-        first_written,
+        b.state.wrote("g", 0, |w| w == 1),
         "the first ACK's write had started before the loss: it stands"
     );
 }
