@@ -43,17 +43,7 @@ impl Grouped {
         group: &str,
         partitions: Vec<Partition>,
     ) -> std::sync::mpsc::Receiver<()> {
-        let (done, wait) = std::sync::mpsc::sync_channel(1);
-        self.events()
-            .send(GroupEvent::Revoking {
-                group: g(group),
-                partitions,
-                lost: false,
-                done,
-            })
-            .await
-            .unwrap();
-        wait
+        self.revoking(group, partitions, false).await
     }
 }
 
@@ -61,12 +51,22 @@ impl Grouped {
     /// Tells the engine `partitions` of `group` were lost (a session timeout); the
     /// receiver is told once the engine dropped them.
     async fn lose(&self, group: &str, partitions: Vec<Partition>) -> std::sync::mpsc::Receiver<()> {
+        self.revoking(group, partitions, true).await
+    }
+
+    /// Sends the revocation (`lost` or not) and answers the receiver of its end.
+    async fn revoking(
+        &self,
+        group: &str,
+        partitions: Vec<Partition>,
+        lost: bool,
+    ) -> std::sync::mpsc::Receiver<()> {
         let (done, wait) = std::sync::mpsc::sync_channel(1);
         self.events()
             .send(GroupEvent::Revoking {
                 group: g(group),
                 partitions,
-                lost: true,
+                lost,
                 done,
             })
             .await
