@@ -501,7 +501,8 @@ async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Re
                     }
                     return Ok(true);
                 }
-                Err(engine::AppendError::Unavailable(why)) => {
+                Err(e) if !e.is_caller_error() => {
+                    let why = e.to_string();
                     if attempt == 0 {
                         tracing::warn!(
                             %brokers,
@@ -512,9 +513,7 @@ async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Re
                     }
                     *last.lock().unwrap_or_else(|p| p.into_inner()) = why;
                 }
-                Err(engine::AppendError::Invalid(why) | engine::AppendError::TooLarge(why)) => {
-                    return Err(format!("cannot use Kafka at {brokers}: {why}"))
-                }
+                Err(e) => return Err(format!("cannot use Kafka at {brokers}: {e}")),
             }
             tokio::time::sleep(BROKER_RETRY).await;
         }

@@ -9,7 +9,7 @@ use unimesh_core::{
 };
 
 use super::api::{ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, SubscriptionInfo};
-use super::ports::{AppendError, TopicFacts};
+use super::ports::{StorageError, TopicFacts};
 use super::stream::Stream;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
@@ -95,7 +95,7 @@ pub(crate) enum Event {
     TopicPrepared {
         spec: Box<SubscriptionSpec>,
         reply: Reply<bool>,
-        facts: Result<TopicFacts, AppendError>,
+        facts: Result<TopicFacts, StorageError>,
     },
     Fetched {
         group: GroupName,
@@ -105,7 +105,7 @@ pub(crate) enum Event {
     },
     Persisted {
         ticket: Ticket,
-        result: Result<(), String>,
+        result: Result<(), StorageError>,
     },
     /// A revocation's flush finished (or failed): drop the lanes, then answer the broker.
     RevokeFlushed {

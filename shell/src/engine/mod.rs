@@ -44,8 +44,8 @@ pub use api::{
 };
 pub use handle::EngineHandle;
 pub use ports::{
-    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, RecentAppend,
-    RecentAppends, StatePort, SubscriptionSink, TopicFacts,
+    BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, RecentAppend, RecentAppends,
+    StatePort, StorageError, SubscriptionSink, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -103,7 +103,7 @@ pub async fn start_observed(
     state: Arc<dyn StatePort>,
     tap: Option<Arc<dyn EngineTap>>,
 ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
-    let loaded = state.load().map_err(EngineError::Unavailable)?;
+    let loaded = state.load().map_err(EngineError::from)?;
     let mesh = Mesh::new(config.mesh.clone(), loaded.recovered, 0)
         .map_err(|e| EngineError::Unavailable(format!("cannot recover: {e}")))?;
     // Debug builds check the invariants as they serve, at most a tenth of the time (the

@@ -20,7 +20,7 @@ use kafka::{KafkaLog, KafkaSettings, KafkaState};
 #[cfg(feature = "rocksdb")]
 use log::EmbeddedLog;
 use log::LogConfig;
-use ports::{AppendError, LogPort, StatePort};
+use ports::{LogPort, StatePort};
 pub(crate) use records::decode_record;
 use state::{StateStore, StoreAdapter};
 
@@ -140,12 +140,11 @@ impl Backend {
                 }
                 let ready = match wait {
                     Some(wait) => wait(log.clone()).await?,
-                    None => log.ensure_own_topics().await.map(|()| true).map_err(|e| {
-                        let (AppendError::TooLarge(m)
-                        | AppendError::Invalid(m)
-                        | AppendError::Unavailable(m)) = e;
-                        format!("cannot use Kafka at {brokers}: {m}")
-                    })?,
+                    None => log
+                        .ensure_own_topics()
+                        .await
+                        .map(|()| true)
+                        .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?,
                 };
                 if !ready {
                     return Ok(None);

@@ -12,7 +12,7 @@ use unimesh_core::{
 use super::EngineTask;
 use crate::engine::api::{refusal, topic_error, ClientInfo, EngineError, Settling};
 use crate::engine::command::{Command, Event, Reply};
-use crate::engine::ports::{AppendError, TopicFacts};
+use crate::engine::ports::{StorageError, TopicFacts};
 
 impl EngineTask {
     pub(super) fn on_command(&mut self, command: Command) {
@@ -315,7 +315,7 @@ impl EngineTask {
         &mut self,
         spec: Box<SubscriptionSpec>,
         reply: Reply<bool>,
-        facts: Result<TopicFacts, AppendError>,
+        facts: Result<TopicFacts, StorageError>,
     ) {
         self.subscribing = false;
         if self.shutdown.is_some() {

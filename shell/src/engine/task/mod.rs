@@ -35,7 +35,7 @@ use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
 use super::decode_record;
 use super::persist::Fences;
-use super::ports::{GroupEvent, LogPort, LogRead, TopicFacts};
+use super::ports::{GroupEvent, LogPort, LogRead, StorageError, TopicFacts};
 use super::stream::Notice;
 use super::tap::EngineTap;
 use invariants::InvariantSampler;
@@ -225,10 +225,7 @@ impl EngineTask {
         facts: &TopicFacts,
     ) -> Result<(), EngineError> {
         if self.log.assigns_partitions() {
-            return self
-                .log
-                .join(group, topic)
-                .map_err(EngineError::Unavailable);
+            return self.log.join(group, topic).map_err(EngineError::from);
         }
         self.assign_all(group, facts)
     }
@@ -417,7 +414,7 @@ impl EngineTask {
                         tracing::error!(ticket, "the persist writer is gone; persist failed");
                         let _ = self.events_tx.try_send(Event::Persisted {
                             ticket,
-                            result: Err("the persist writer is gone".into()),
+                            result: Err(StorageError::unavailable("the persist writer is gone")),
                         });
                     }
                 }

@@ -167,7 +167,7 @@ impl LogPort for SlowAppends {
         &self,
         topic: TopicName,
         items: Vec<crate::storage::log::AppendItem>,
-    ) -> BoxFut<Result<Vec<(unimesh_core::Partition, unimesh_core::Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(unimesh_core::Partition, unimesh_core::Offset)>, StorageError>> {
         let append = self.0.append(topic, items);
         Box::pin(async move {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -178,7 +178,7 @@ impl LogPort for SlowAppends {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.0.prepare_topic(topic, with_offsets)
     }
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
@@ -188,10 +188,10 @@ impl LogPort for SlowAppends {
         &self,
         topic: &TopicName,
         partition: unimesh_core::Partition,
-    ) -> Result<(unimesh_core::Offset, unimesh_core::Offset), String> {
+    ) -> Result<(unimesh_core::Offset, unimesh_core::Offset), StorageError> {
         self.0.offsets(topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         self.0.enforce_retention()
     }
 }

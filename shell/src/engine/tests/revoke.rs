@@ -14,7 +14,7 @@ use super::{
     start, EngineHandle, GroupName, MemoryDisk, MemoryLog, MemoryStore, Settle, Settling,
     StoreAdapter, TopicName,
 };
-use crate::engine::ports::{AppendError, BoxFut, GroupEvent, LogPort, LogRead, TopicFacts};
+use crate::engine::ports::{BoxFut, GroupEvent, LogPort, LogRead, StorageError, TopicFacts};
 use crate::engine::StatePort;
 use crate::storage::log::AppendItem;
 use crate::storage::state::{DlqEntry, Loaded};
@@ -111,23 +111,27 @@ impl LogPort for Grouped {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         self.inner.append(topic, items)
     }
     fn prepare_topic(
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
         self.inner.partitions(topic)
     }
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+    fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
         self.inner.offsets(topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         self.inner.enforce_retention()
     }
     fn assigns_partitions(&self) -> bool {
@@ -136,7 +140,7 @@ impl LogPort for Grouped {
     fn attach(&self, events: mpsc::Sender<GroupEvent>) {
         *self.events.lock().unwrap() = Some(events);
     }
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
         let n = self.inner.partitions(topic).unwrap_or(0);
         let mut partitions = Vec::new();
         for p in 0..n {
@@ -154,7 +158,7 @@ impl LogPort for Grouped {
                 group: group.clone(),
                 partitions,
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| StorageError::unavailable(e.to_string()))
     }
 }
 
@@ -211,10 +215,10 @@ impl Scripted {
     /// Follows the script's `step`, then makes `write` and keeps the batch as durable.
     async fn write(
         step: Option<Step>,
-        write: BoxFut<Result<(), String>>,
+        write: BoxFut<Result<(), StorageError>>,
         durable: &Mutex<Vec<Arc<PersistBatch>>>,
         batch: Arc<PersistBatch>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StorageError> {
         let fail = match step {
             Some(Step::Hold(n)) => {
                 n.notified().await;
@@ -227,7 +231,7 @@ impl Scripted {
             Some(Step::Pass) | None => false,
         };
         if fail {
-            return Err("the test failed this write".into());
+            return Err(StorageError::unavailable("the test failed this write"));
         }
         write.await?;
         durable.lock().unwrap().push(batch);
@@ -236,10 +240,14 @@ impl Scripted {
 }
 
 impl StatePort for Scripted {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> Result<Loaded, StorageError> {
         self.inner.load()
     }
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         self.started.fetch_add(1, Ordering::SeqCst);
         let step = self.script.lock().unwrap().pop_front();
         let write = self.inner.apply(Arc::clone(&batch), now_wall_ms);
@@ -251,14 +259,18 @@ impl StatePort for Scripted {
             result
         })
     }
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list(group, max)
     }
     fn put_rate_rule(
         &self,
         topic: TopicName,
         rule: Option<unimesh_core::RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.inner.put_rate_rule(topic, rule)
     }
 }

@@ -11,7 +11,7 @@ use unimesh_core::{GroupName, Offset, Partition};
 
 use super::{c, config, events, g, patient, t};
 use super::{start, MemoryDisk, MemoryLog, MemoryStore, Settling, StoreAdapter, TopicName};
-use crate::engine::ports::{AppendError, BoxFut, LogPort, LogRead, TopicFacts};
+use crate::engine::ports::{BoxFut, LogPort, LogRead, StorageError, TopicFacts};
 use crate::storage::log::AppendItem;
 
 /// The in-memory log, whose preparation of the topics named in `held` says so on
@@ -41,14 +41,14 @@ impl LogPort for SlowTopics {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         self.inner.append(topic, items)
     }
     fn prepare_topic(
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let held = self.held.lock().unwrap().contains(&topic);
         if held {
             self.reached.notify_one();
@@ -67,10 +67,14 @@ impl LogPort for SlowTopics {
     fn partitions(&self, topic: &TopicName) -> Option<u32> {
         self.inner.partitions(topic)
     }
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+    fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
         self.inner.offsets(topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         self.inner.enforce_retention()
     }
 }

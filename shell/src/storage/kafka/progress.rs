@@ -105,7 +105,7 @@ use super::records::{stored_value, Outgoing};
 use super::rules::fence::{choose, mark, Record};
 pub(super) use super::rules::fence::{Chosen, OwnerGen};
 use super::{ClientRole, KafkaSettings};
-use crate::storage::ports::{BoxFut, StatePort};
+use crate::storage::ports::{BoxFut, StatePort, StorageError};
 use crate::storage::state::codec::encode_subscription;
 use crate::storage::state::StoreAdapter;
 use crate::storage::state::{DlqEntry, Loaded};
@@ -499,7 +499,7 @@ impl ProgressReader {
 
     /// The stamp of each checkpoint of `batch`, or why the batch is fenced (a lane this
     /// instance does not own).
-    fn stamps(&self, batch: &PersistBatch) -> Result<Stamps, String> {
+    fn stamps(&self, batch: &PersistBatch) -> Result<Stamps, StorageError> {
         let mut owners = lock(&self.owners);
         batch
             .checkpoints
@@ -514,10 +514,10 @@ impl ProgressReader {
                         rewound_from: mark(&mut o.reached, c.checkpoint.progress.watermark()),
                     })
                     .ok_or_else(|| {
-                        format!(
-                            "fenced: partition {} of group {} is not owned by this instance",
+                        StorageError::Fenced(format!(
+                            "partition {} of group {} is not owned by this instance",
                             c.partition, c.group
-                        )
+                        ))
                     })
             })
             .collect()
@@ -701,7 +701,10 @@ impl KafkaState {
     /// many ranges and attempt counts the bound dropped; why not when the lane is not owned
     /// here (the batch is fenced). Public so a simulation can recognise the record at the
     /// broker.
-    pub fn progress_record(&self, lane: &LaneCheckpoint) -> Result<(String, Vec<u8>, u64), String> {
+    pub fn progress_record(
+        &self,
+        lane: &LaneCheckpoint,
+    ) -> Result<(String, Vec<u8>, u64), StorageError> {
         let one = PersistBatch {
             checkpoints: vec![lane.clone()],
             ..PersistBatch::default()
@@ -723,7 +726,7 @@ impl KafkaState {
 
     /// The DLQ ledger of `group`, read to its end (off the async workers; under madsim by
     /// the simulated consumer's async polls).
-    fn ledger(&self, group: GroupName) -> BoxFut<Result<super::dlq::Ledger, String>> {
+    fn ledger(&self, group: GroupName) -> BoxFut<Result<super::dlq::Ledger, StorageError>> {
         let topic = lock(&self.topics).get(&group).cloned();
         let log = self.log.clone();
         Box::pin(async move {
@@ -731,11 +734,14 @@ impl KafkaState {
                 return Ok(super::dlq::Ledger::default());
             };
             #[cfg(madsim)]
-            return super::dlq::list(&log, &group, &topic).await;
+            return super::dlq::list(&log, &group, &topic)
+                .await
+                .map_err(StorageError::unavailable);
             #[cfg(not(madsim))]
             tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic))
                 .await
-                .map_err(|e| format!("DLQ read failed: {e}"))?
+                .map_err(|e| StorageError::failed("DLQ read failed", e))?
+                .map_err(StorageError::unavailable)
         })
     }
 }
@@ -776,7 +782,7 @@ fn replays_done(replayed: &mut BTreeMap<DlqKey, String>, batch: &PersistBatch) {
 }
 
 impl StatePort for KafkaState {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> Result<Loaded, StorageError> {
         let mut loaded = self.local.load()?;
         // Progress comes with each assignment, from the progress topic.
         loaded.recovered.checkpoints.clear();
@@ -787,7 +793,11 @@ impl StatePort for KafkaState {
         Ok(loaded)
     }
 
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         let log = self.log.clone();
         // Looked up before anything is written: a batch of a lane not owned here writes
         // nothing (see the module documentation).
@@ -834,7 +844,7 @@ impl StatePort for KafkaState {
             // its progress.
             let mut definitions = Vec::new();
             for spec in &batch.subscriptions {
-                let value = encode_subscription(spec).map_err(|e| e.to_string())?;
+                let value = encode_subscription(spec).map_err(StorageError::from_source)?;
                 definitions.push((spec.group.as_str().to_owned(), Some(value)));
             }
             for g in &batch.removed_groups {
@@ -848,16 +858,25 @@ impl StatePort for KafkaState {
                 match inner.producer.send_result(record) {
                     Ok(f) => pending.push(f),
                     Err((e, _)) => {
-                        return Err(format!("cannot write the subscriptions topic: {e}"))
+                        return Err(StorageError::failed(
+                            "cannot write the subscriptions topic",
+                            e,
+                        ))
                     }
                 }
             }
             // Dead letters and resolutions before the progress that counts them done.
             for d in &batch.dead_letters {
-                pending.push(super::dlq::write(&log, d, now_wall_ms).await?);
+                pending.push(
+                    super::dlq::write(&log, d, now_wall_ms)
+                        .await
+                        .map_err(StorageError::unavailable)?,
+                );
             }
             for (topic, key, id) in &resolved {
-                pending.push(super::dlq::resolve(&log, topic, key, id)?);
+                pending.push(
+                    super::dlq::resolve(&log, topic, key, id).map_err(StorageError::unavailable)?,
+                );
             }
             for (lane, stamp) in batch.checkpoints.iter().zip(&stamps) {
                 let (key, value, dropped) = progress_record(lane, stamp.gen, s.max_progress_ranges);
@@ -869,15 +888,25 @@ impl StatePort for KafkaState {
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
                 let headers = stamp_headers(stamp.leader_epoch, stamp.rewound_from);
-                pending.push(send_progress(&log, &key, &value, &headers)?);
+                pending.push(
+                    send_progress(&log, &key, &value, &headers)
+                        .map_err(StorageError::unavailable)?,
+                );
             }
             for f in pending {
                 match f.await {
                     Ok(Ok(_)) => {}
                     Ok(Err((e, _))) => {
-                        return Err(format!("the progress topic refused a write: {e}"))
+                        return Err(StorageError::failed(
+                            "the progress topic refused a write",
+                            e,
+                        ))
                     }
-                    Err(_) => return Err("the producer dropped a progress write".into()),
+                    Err(_) => {
+                        return Err(StorageError::unavailable(
+                            "the producer dropped a progress write",
+                        ))
+                    }
                 }
             }
             replays_done(&mut lock(&replayed), &batch);
@@ -886,7 +915,11 @@ impl StatePort for KafkaState {
         })
     }
 
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         let ledger = self.ledger(group);
         Box::pin(async move {
             let all = ledger.await?.all(max);
@@ -898,7 +931,7 @@ impl StatePort for KafkaState {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         let ledger = self.ledger(group);
         let replayed = Arc::clone(&self.replayed);
         Box::pin(async move {
@@ -925,7 +958,7 @@ impl StatePort for KafkaState {
         &self,
         topic: TopicName,
         rule: Option<RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.local.put_rate_rule(topic, rule)
     }
 }

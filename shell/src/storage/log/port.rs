@@ -7,7 +7,7 @@ use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
 use super::{AppendItem, EmbeddedLog, LogError, ReadResult};
 use crate::storage::ports::{
-    AppendError, BoxFut, LogMetrics, LogPort, LogRead, RecentAppends, TopicFacts,
+    BoxFut, LogMetrics, LogPort, LogRead, RecentAppends, StorageError, TopicFacts,
 };
 
 /// One read of the embedded log on the blocking pool (RocksDB calls block).
@@ -42,13 +42,13 @@ fn log_read(read: ReadResult) -> LogRead {
 }
 
 /// Sorts the embedded log's errors into what the caller did wrong and what failed.
-fn append_error(e: LogError) -> AppendError {
+fn append_error(e: LogError) -> StorageError {
     match e {
         LogError::RecordTooLarge { .. }
         | LogError::AppendTooLarge { .. }
-        | LogError::TooManyRecords { .. } => AppendError::TooLarge(e.to_string()),
-        e if e.is_caller_error() => AppendError::Invalid(e.to_string()),
-        e => AppendError::Unavailable(e.to_string()),
+        | LogError::TooManyRecords { .. } => StorageError::TooLarge(e.to_string()),
+        e if e.is_caller_error() => StorageError::Invalid(e.to_string()),
+        e => StorageError::from_source(e),
     }
 }
 
@@ -94,7 +94,7 @@ impl LogPort for EmbeddedLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let log = self.clone();
         Box::pin(async move { log.append(&topic, items).await.map_err(append_error) })
     }
@@ -103,18 +103,18 @@ impl LogPort for EmbeddedLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             // Creating a topic is a synced RocksDB write: the blocking pool's.
             crate::storage::spawn_blocking(move || {
                 let info = EmbeddedLog::ensure_topic(&log, &topic).map_err(append_error)?;
                 TopicFacts::read(info.partitions, with_offsets, |p| {
-                    EmbeddedLog::offsets(&log, &topic, p).map_err(|e| e.to_string())
+                    EmbeddedLog::offsets(&log, &topic, p).map_err(append_error)
                 })
             })
             .await
-            .unwrap_or_else(|e| Err(AppendError::Unavailable(format!("topic task failed: {e}"))))
+            .unwrap_or_else(|e| Err(StorageError::unavailable(format!("topic task failed: {e}"))))
         })
     }
 
@@ -127,7 +127,7 @@ impl LogPort for EmbeddedLog {
         topic: TopicName,
         partition: Partition,
         time_ms: u64,
-    ) -> BoxFut<Result<Offset, AppendError>> {
+    ) -> BoxFut<Result<Offset, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             // A few RocksDB point reads: the blocking pool's.
@@ -135,18 +135,25 @@ impl LogPort for EmbeddedLog {
                 EmbeddedLog::offset_for_time(&log, &topic, partition, time_ms).map_err(append_error)
             })
             .await
-            .unwrap_or_else(|e| Err(AppendError::Unavailable(format!("lookup task failed: {e}"))))
+            .unwrap_or_else(|e| {
+                Err(StorageError::unavailable(format!(
+                    "lookup task failed: {e}"
+                )))
+            })
         })
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        EmbeddedLog::offsets(self, topic, partition).map_err(|e| e.to_string())
+    fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
+        EmbeddedLog::offsets(self, topic, partition).map_err(append_error)
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         let now_wall_ms = self.config().clock.now_ms();
-        let report =
-            EmbeddedLog::enforce_retention(self, now_wall_ms).map_err(|e| e.to_string())?;
+        let report = EmbeddedLog::enforce_retention(self, now_wall_ms).map_err(append_error)?;
         for (topic, partition, error) in &report.failed {
             tracing::warn!(%topic, partition, %error, "retention failed for a partition");
         }
@@ -170,7 +177,12 @@ impl LogPort for EmbeddedLog {
                             .into_iter()
                             .map(|(at, offset, bytes)| (at, partition, offset, bytes)),
                     ),
-                    Err(e) => return Some(Err(format!("{}/{partition}: {e}", info.name))),
+                    Err(e) => {
+                        return Some(Err(StorageError::failed(
+                            &format!("{}/{partition}", info.name),
+                            e,
+                        )))
+                    }
                 }
             }
             out.push((info.name, records));

@@ -14,7 +14,7 @@ use unimesh_core::{
     DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
 };
 use unimesh_shell::engine::{
-    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, TopicFacts,
+    BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, StorageError, TopicFacts,
 };
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded};
@@ -234,21 +234,19 @@ impl LogPort for FaultyLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
         Box::pin(async move {
             let f = world.opts.faults.clone();
             if world.faults_on() && draw(&rng, |r| r.chance(f.append_fail)) {
                 world.count(|c| &mut c.append_failures);
-                return Err(AppendError::Unavailable(
-                    "injected: the write failed".into(),
-                ));
+                return Err(StorageError::unavailable("injected: the write failed"));
             }
             let placed = inner.append(topic, items).await?;
             if world.faults_on() && draw(&rng, |r| r.chance(f.append_fail_written)) {
                 world.count(|c| &mut c.appends_failed_but_written);
-                return Err(AppendError::Unavailable(
-                    "injected: the sync reported a failure, but the data was written".into(),
+                return Err(StorageError::unavailable(
+                    "injected: the sync reported a failure, but the data was written",
                 ));
             }
             Ok(placed)
@@ -259,7 +257,7 @@ impl LogPort for FaultyLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
 
@@ -267,11 +265,15 @@ impl LogPort for FaultyLog {
         self.inner.partitions(topic)
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+    fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
         self.inner.offsets(topic, partition)
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         self.inner.enforce_retention()
     }
 
@@ -294,7 +296,7 @@ impl LogPort for FaultyLog {
         self.inner.attach(events)
     }
 
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
         self.inner.join(group, topic)
     }
 
@@ -345,11 +347,15 @@ impl Drop for Applying {
 }
 
 impl StatePort for FaultyState {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> Result<Loaded, StorageError> {
         self.inner.load()
     }
 
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
         let applying = self.applying.clone();
         Box::pin(async move {
@@ -367,20 +373,26 @@ impl StatePort for FaultyState {
             }
             if world.faults_on() && draw(&rng, |r| r.chance(f.persist_fail)) {
                 world.count(|c| &mut c.persist_failures);
-                return Err("injected: the state write failed".into());
+                return Err(StorageError::unavailable(
+                    "injected: the state write failed",
+                ));
             }
             inner.apply(batch, now_wall_ms).await?;
             if world.faults_on() && draw(&rng, |r| r.chance(f.persist_fail_written)) {
                 world.count(|c| &mut c.persists_failed_but_written);
-                return Err(
-                    "injected: the sync reported a failure, but the batch was written".into(),
-                );
+                return Err(StorageError::unavailable(
+                    "injected: the sync reported a failure, but the batch was written",
+                ));
             }
             Ok(())
         })
     }
 
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list(group, max)
     }
 
@@ -388,7 +400,7 @@ impl StatePort for FaultyState {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list_for_replay(group, max)
     }
 
@@ -400,7 +412,7 @@ impl StatePort for FaultyState {
         &self,
         topic: TopicName,
         rule: Option<RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.inner.put_rate_rule(topic, rule)
     }
 }

@@ -50,7 +50,7 @@ use unimesh_core::{
 };
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
-    AppendError, BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
+    BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, StorageError,
     TopicFacts,
 };
 use unimesh_shell::kafka::{decode_message, unframed, KafkaLog, KafkaSettings, KafkaState};
@@ -690,7 +690,7 @@ impl LogPort for TappedLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let ids: Vec<Option<String>> = items
             .iter()
             .map(|i| {
@@ -705,13 +705,15 @@ impl LogPort for TappedLog {
             append.await?;
             // The delivery reports say nothing of where: the tap's positions do.
             let Some(ids) = ids.into_iter().collect::<Option<Vec<String>>>() else {
-                return Err(AppendError::Invalid("an item is not a stored event".into()));
+                return Err(StorageError::Invalid(
+                    "an item is not a stored event".into(),
+                ));
             };
             tap.wait(&world, "a published event", |t| {
                 ids.iter().all(|id| t.positions.contains_key(id))
             })
             .await
-            .map_err(AppendError::Unavailable)?;
+            .map_err(StorageError::unavailable)?;
             let st = tap.lock();
             Ok(ids
                 .iter()
@@ -724,7 +726,7 @@ impl LogPort for TappedLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
 
@@ -732,11 +734,15 @@ impl LogPort for TappedLog {
         self.inner.partitions(topic)
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+    fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
         self.inner.offsets(topic, partition)
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         self.inner.enforce_retention()
     }
 
@@ -767,7 +773,7 @@ impl LogPort for TappedLog {
         });
     }
 
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
         self.inner.join(group, topic)
     }
 
@@ -798,11 +804,15 @@ struct ReportingState {
 }
 
 impl StatePort for ReportingState {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> Result<Loaded, StorageError> {
         self.inner.load()
     }
 
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         // The record of each checkpoint, as the port writes it now (a lane not owned here
         // fences the whole batch, which then writes nothing).
         let records: Option<Vec<(String, Vec<u8>)>> = batch
@@ -841,10 +851,15 @@ impl StatePort for ReportingState {
                 t.reported.get(&node).is_some_and(|&r| r >= id)
             })
             .await
+            .map_err(StorageError::unavailable)
         })
     }
 
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list(group, max)
     }
 
@@ -852,7 +867,7 @@ impl StatePort for ReportingState {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list_for_replay(group, max)
     }
 
@@ -864,7 +879,7 @@ impl StatePort for ReportingState {
         &self,
         topic: TopicName,
         rule: Option<RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.inner.put_rate_rule(topic, rule)
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use madsim_tokio as tokio;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
-use unimesh_shell::engine::{AppendError, BoxFut, LogPort, LogRead, TopicFacts};
+use unimesh_shell::engine::{BoxFut, LogPort, LogRead, StorageError, TopicFacts};
 use unimesh_shell::log::{partition_for_key, AppendItem};
 use unimesh_sim::rng::Rng;
 
@@ -211,7 +211,7 @@ impl LogPort for SimLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let disk = self.disk.clone();
         let world = self.world.clone();
         let latency = self.draw(|r| r.range(0, world.opts.faults.append_latency_ms));
@@ -228,12 +228,12 @@ impl LogPort for SimLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let partitions = self.disk.ensure_topic(&topic);
         let facts = TopicFacts::read(partitions, with_offsets, |p| {
             self.disk
                 .offsets(&topic, p)
-                .ok_or_else(|| format!("unknown partition {topic}/{p}"))
+                .ok_or_else(|| StorageError::Invalid(format!("unknown partition {topic}/{p}")))
         });
         Box::pin(async move { facts })
     }
@@ -242,15 +242,19 @@ impl LogPort for SimLog {
         self.disk.partitions(topic)
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
+    fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
         self.disk
             .offsets(topic, partition)
-            .ok_or_else(|| format!("unknown partition {topic}/{partition}"))
+            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {topic}/{partition}")))
     }
 
     /// A retention pass: while faults last, now and then a prefix of one partition goes
     /// (once every group's start is durable: see [`World::retention_allowed`]).
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> Result<usize, StorageError> {
         let rate = self.world.opts.faults.retention;
         if !self.world.faults_on() || !self.draw(|r| r.chance(rate)) {
             return Ok(0);
