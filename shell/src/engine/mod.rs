@@ -44,8 +44,8 @@ pub use api::{
 };
 pub use handle::EngineHandle;
 pub use ports::{
-    BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, RecentAppend, RecentAppends,
-    StatePort, StorageError, SubscriptionSink, TopicFacts,
+    BoxFut, BrokerMetrics, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, RecentAppend,
+    RecentAppends, StatePort, StorageError, SubscriptionSink, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -151,9 +151,9 @@ pub async fn start_observed(
     task.start = start;
     task.tap = tap;
     let fences = task.fences.clone();
-    if log.assigns_partitions() {
+    if let Some(groups) = log.group() {
         let (group_tx, group_rx) = mpsc::channel(1_024);
-        log.attach(group_tx);
+        groups.attach(group_tx);
         task.group_events = Some(group_rx);
     }
     task.assign_recovered().await?;

@@ -188,7 +188,7 @@ impl TopicFacts {
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the
-/// engine about a group it joined through [`LogPort::join`].
+/// engine about a group it joined through [`GroupLog::join`].
 #[derive(Debug)]
 pub enum GroupEvent {
     /// The group now owns these partitions here, each with the progress read for it.
@@ -289,38 +289,10 @@ pub trait LogPort: Send + Sync + 'static {
         None
     }
 
-    /// True when the broker assigns partitions to groups ([`LogPort::join`] and
-    /// [`GroupEvent`]); false when this instance owns every partition (the engine assigns
+    /// What a broker that assigns partitions to groups adds ([`GroupLog`]: Kafka's group
+    /// coordinator); `None` when this instance owns every partition (the engine assigns
     /// them all at subscribe).
-    fn assigns_partitions(&self) -> bool {
-        false
-    }
-
-    /// Where [`GroupEvent`]s go; called once, before any `join`.
-    fn attach(&self, _events: mpsc::Sender<GroupEvent>) {}
-
-    /// Joins `group` (reading `topic`) at the broker; its partitions arrive as
-    /// [`GroupEvent::Assigned`].
-    fn join(&self, _group: &GroupName, _topic: &TopicName) -> Result<(), StorageError> {
-        Ok(())
-    }
-
-    /// Leaves `group` at the broker (the group was deleted).
-    fn leave(&self, _group: &GroupName) {}
-
-    /// Commits `group`'s durable watermark of a partition to the broker.
-    fn commit(
-        &self,
-        _group: &GroupName,
-        _topic: &TopicName,
-        _partition: Partition,
-        _offset: Offset,
-    ) {
-    }
-
-    /// This instance's name, when several instances share the broker (shown as the owner
-    /// of the partitions it holds).
-    fn instance(&self) -> Option<String> {
+    fn group(&self) -> Option<&dyn GroupLog> {
         None
     }
 
@@ -340,6 +312,29 @@ pub trait LogPort: Send + Sync + 'static {
     /// once at shutdown, after the engine flushed.
     fn close(&self) -> BoxFut<()> {
         Box::pin(async {})
+    }
+}
+
+/// The part of a log whose broker assigns partitions to groups (Kafka's consumer groups):
+/// the engine joins a group there and learns its partitions as [`GroupEvent`]s.
+pub trait GroupLog: Send + Sync {
+    /// Where [`GroupEvent`]s go; called once, before any `join`.
+    fn attach(&self, events: mpsc::Sender<GroupEvent>);
+
+    /// Joins `group` (reading `topic`) at the broker; its partitions arrive as
+    /// [`GroupEvent::Assigned`].
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError>;
+
+    /// Leaves `group` at the broker (the group was deleted).
+    fn leave(&self, group: &GroupName);
+
+    /// Commits `group`'s durable watermark of a partition to the broker.
+    fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset);
+
+    /// This instance's name among those sharing the broker (shown as the owner of the
+    /// partitions it holds), if it has one.
+    fn instance(&self) -> Option<String> {
+        None
     }
 }
 

@@ -384,7 +384,9 @@ impl EngineTask {
             let _ = reply.send(Err(refusal(r, &group)));
             return;
         }
-        self.log.leave(&group);
+        if let Some(groups) = self.log.group() {
+            groups.leave(&group);
+        }
         for key in self.polls.keys(Some(&group)) {
             if let Some(w) = self.polls.take(&key) {
                 let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));

@@ -224,15 +224,15 @@ impl EngineTask {
         topic: &TopicName,
         facts: &TopicFacts,
     ) -> Result<(), EngineError> {
-        if self.log.assigns_partitions() {
-            return self.log.join(group, topic).map_err(EngineError::from);
+        if let Some(groups) = self.log.group() {
+            return groups.join(group, topic).map_err(EngineError::from);
         }
         self.assign_all(group, facts)
     }
 
     /// Whether [`Self::place_group`] needs each partition's offsets.
     fn placing_needs_offsets(&self) -> bool {
-        !self.log.assigns_partitions()
+        self.log.group().is_none()
     }
 
     /// Assigns every partition of the topic whose `facts` are given to `group` (the
@@ -441,7 +441,11 @@ impl EngineTask {
                     topic,
                     partition,
                     offset,
-                } => self.log.commit(&group, &topic, partition, offset),
+                } => {
+                    if let Some(groups) = self.log.group() {
+                        groups.commit(&group, &topic, partition, offset);
+                    }
+                }
                 // No log of this shell is a POP broker.
                 Effect::BrokerAck { .. } => {}
                 other => tracing::warn!(?other, "effect not handled by this shell"),

@@ -9,7 +9,7 @@ use crate::engine::api::{EngineError, MetricsSnapshot, OffsetRow, SubscriptionIn
 impl EngineTask {
     fn rows(&self, view: &GroupView) -> Vec<OffsetRow> {
         let group = &view.spec.group;
-        let owner = self.log.instance();
+        let owner = self.log.group().and_then(|g| g.instance());
         view.lanes
             .iter()
             .map(|l| {

@@ -14,7 +14,9 @@ use super::{
     start, EngineHandle, GroupName, MemoryDisk, MemoryLog, MemoryStore, Settle, Settling,
     StoreAdapter, TopicName,
 };
-use crate::engine::ports::{BoxFut, GroupEvent, LogPort, LogRead, StorageError, TopicFacts};
+use crate::engine::ports::{
+    BoxFut, GroupEvent, GroupLog, LogPort, LogRead, StorageError, TopicFacts,
+};
 use crate::engine::StatePort;
 use crate::storage::log::AppendItem;
 use crate::storage::state::{DlqEntry, Loaded};
@@ -134,9 +136,12 @@ impl LogPort for Grouped {
     fn enforce_retention(&self) -> Result<usize, StorageError> {
         self.inner.enforce_retention()
     }
-    fn assigns_partitions(&self) -> bool {
-        true
+    fn group(&self) -> Option<&dyn GroupLog> {
+        Some(self)
     }
+}
+
+impl GroupLog for Grouped {
     fn attach(&self, events: mpsc::Sender<GroupEvent>) {
         *self.events.lock().unwrap() = Some(events);
     }
@@ -159,6 +164,15 @@ impl LogPort for Grouped {
                 partitions,
             })
             .map_err(|e| StorageError::unavailable(e.to_string()))
+    }
+    fn leave(&self, _group: &GroupName) {}
+    fn commit(
+        &self,
+        _group: &GroupName,
+        _topic: &TopicName,
+        _partition: Partition,
+        _offset: Offset,
+    ) {
     }
 }
 

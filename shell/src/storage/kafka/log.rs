@@ -30,7 +30,8 @@ use super::simulated::GroupConsumer;
 use super::{ClientRole, KafkaSettings};
 use crate::storage::log::AppendItem;
 use crate::storage::ports::{
-    BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, StorageError, TopicFacts,
+    BoxFut, BrokerMetrics, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, StorageError,
+    TopicFacts,
 };
 
 /// Counters of the Kafka backend for `/metrics`.
@@ -1148,10 +1149,42 @@ impl LogPort for KafkaLog {
         })
     }
 
-    fn assigns_partitions(&self) -> bool {
-        true
+    fn group(&self) -> Option<&dyn GroupLog> {
+        Some(self)
     }
 
+    fn close(&self) -> BoxFut<()> {
+        let consumers: Vec<Arc<GroupConsumer>> = std::mem::take(&mut *lock(&self.inner.groups))
+            .into_values()
+            .collect();
+        #[cfg(madsim)]
+        return Box::pin(async move {
+            // Leaving revokes: each consumer waits for the engine to flush, then commits.
+            for c in &consumers {
+                c.stop();
+            }
+            for c in &consumers {
+                c.stopped().await;
+            }
+        });
+        #[cfg(not(madsim))]
+        Box::pin(async move {
+            // Closing revokes: each consumer's callback waits for the engine to flush.
+            let _ = tokio::task::spawn_blocking(move || {
+                for c in &consumers {
+                    c.stop();
+                }
+                for c in consumers {
+                    c.join();
+                }
+            })
+            .await;
+        })
+    }
+}
+
+/// Kafka's consumer groups: one consumer per subscription group.
+impl GroupLog for KafkaLog {
     fn attach(&self, events: mpsc::Sender<GroupEvent>) {
         *lock(&self.inner.events) = Some(events);
     }
@@ -1184,34 +1217,5 @@ impl LogPort for KafkaLog {
 
     fn instance(&self) -> Option<String> {
         Some(self.inner.settings.instance.clone())
-    }
-
-    fn close(&self) -> BoxFut<()> {
-        let consumers: Vec<Arc<GroupConsumer>> = std::mem::take(&mut *lock(&self.inner.groups))
-            .into_values()
-            .collect();
-        #[cfg(madsim)]
-        return Box::pin(async move {
-            // Leaving revokes: each consumer waits for the engine to flush, then commits.
-            for c in &consumers {
-                c.stop();
-            }
-            for c in &consumers {
-                c.stopped().await;
-            }
-        });
-        #[cfg(not(madsim))]
-        Box::pin(async move {
-            // Closing revokes: each consumer's callback waits for the engine to flush.
-            let _ = tokio::task::spawn_blocking(move || {
-                for c in &consumers {
-                    c.stop();
-                }
-                for c in consumers {
-                    c.join();
-                }
-            })
-            .await;
-        })
     }
 }

@@ -14,7 +14,7 @@ use unimesh_core::{
     DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
 };
 use unimesh_shell::engine::{
-    BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, StorageError, TopicFacts,
+    BoxFut, GroupLog, LogMetrics, LogPort, LogRead, StatePort, StorageError, TopicFacts,
 };
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded};
@@ -288,28 +288,8 @@ impl LogPort for FaultyLog {
     // A broker that assigns partitions (Kafka) is reached as it is: faults distort what
     // reads and writes answer, not who owns what.
 
-    fn assigns_partitions(&self) -> bool {
-        self.inner.assigns_partitions()
-    }
-
-    fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
-        self.inner.attach(events)
-    }
-
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
-        self.inner.join(group, topic)
-    }
-
-    fn leave(&self, group: &GroupName) {
-        self.inner.leave(group)
-    }
-
-    fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset) {
-        self.inner.commit(group, topic, partition, offset)
-    }
-
-    fn instance(&self) -> Option<String> {
-        self.inner.instance()
+    fn group(&self) -> Option<&dyn GroupLog> {
+        self.inner.group()
     }
 
     fn close(&self) -> BoxFut<()> {

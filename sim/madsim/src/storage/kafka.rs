@@ -50,8 +50,8 @@ use unimesh_core::{
 };
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
-    BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, StorageError,
-    TopicFacts,
+    BoxFut, EngineConfig, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, StatePort,
+    StorageError, TopicFacts,
 };
 use unimesh_shell::kafka::{decode_message, unframed, KafkaLog, KafkaSettings, KafkaState};
 use unimesh_shell::storage;
@@ -750,16 +750,22 @@ impl LogPort for TappedLog {
         self.inner.metrics()
     }
 
-    fn assigns_partitions(&self) -> bool {
-        self.inner.assigns_partitions()
+    fn group(&self) -> Option<&dyn GroupLog> {
+        Some(self)
     }
 
+    fn close(&self) -> BoxFut<()> {
+        self.inner.close()
+    }
+}
+
+impl GroupLog for TappedLog {
     fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
         // An assignment reaches the engine once the tap has read the progress topic as far
         // as the consumer did (to its end now), so the world knows the record each lane
         // resumes from when the engine takes it.
         let (tx, mut rx) = tokio::sync::mpsc::channel(1_024);
-        self.inner.attach(tx);
+        GroupLog::attach(&self.inner, tx);
         let (tap, world) = (self.tap.clone(), self.world.clone());
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
@@ -774,23 +780,19 @@ impl LogPort for TappedLog {
     }
 
     fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
-        self.inner.join(group, topic)
+        GroupLog::join(&self.inner, group, topic)
     }
 
     fn leave(&self, group: &GroupName) {
-        self.inner.leave(group)
+        GroupLog::leave(&self.inner, group)
     }
 
     fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset) {
-        self.inner.commit(group, topic, partition, offset)
+        GroupLog::commit(&self.inner, group, topic, partition, offset)
     }
 
     fn instance(&self) -> Option<String> {
-        self.inner.instance()
-    }
-
-    fn close(&self) -> BoxFut<()> {
-        self.inner.close()
+        GroupLog::instance(&self.inner)
     }
 }
 
