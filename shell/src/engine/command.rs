@@ -89,6 +89,16 @@ pub(crate) enum Command {
     },
 }
 
+/// An operator seek waiting for the range of its partition (`Command::Seek`).
+pub(crate) struct Seek {
+    pub group: GroupName,
+    pub topic: TopicName,
+    pub partition: Partition,
+    pub offset: Offset,
+    pub clamp: bool,
+    pub reply: Reply<Offset>,
+}
+
 /// Completions of I/O the engine started.
 pub(crate) enum Event {
     /// The log prepared the topic of a subscription (created it, read its offsets).
@@ -96,6 +106,11 @@ pub(crate) enum Event {
         spec: Box<SubscriptionSpec>,
         reply: Reply<bool>,
         facts: Result<TopicFacts, StorageError>,
+    },
+    /// The log answered the range of a partition an operator seek names.
+    SeekRange {
+        seek: Box<Seek>,
+        range: Result<(Offset, Offset), StorageError>,
     },
     Fetched {
         group: GroupName,

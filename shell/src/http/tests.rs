@@ -701,7 +701,7 @@ async fn subscription_update_delete_and_conflict() {
     a.error(409, "conflict", "topic");
     let b = unimesh_core::TopicName::new("b").expect("valid");
     assert_eq!(
-        engine::LogPort::partitions(&rig.log, &b),
+        engine::LogPort::partitions(&rig.log, b).await,
         None,
         "a refused subscription creates no topic"
     );

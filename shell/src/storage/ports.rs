@@ -245,15 +245,19 @@ pub trait LogPort: Send + Sync + 'static {
         with_offsets: bool,
     ) -> BoxFut<Result<TopicFacts, StorageError>>;
 
-    /// The partition count of an existing topic.
-    fn partitions(&self, topic: &TopicName) -> Option<u32>;
+    /// The partition count of an existing topic; `None` for a topic the log does not have
+    /// (or cannot find). Answered off the engine task: a broker may have to be asked.
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>>;
 
-    /// (earliest, end) of a partition.
+    /// (earliest, end) of a partition: `Invalid` for a topic or partition the log does not
+    /// have, `Unavailable` when it could not be read. Answered off the engine task (a broker
+    /// round trip when the ends are not cached): the engine hands the answer back to itself
+    /// as an event.
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError>;
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>>;
 
     /// The first offset of a partition whose record was appended at or after `time_ms` (ms
     /// since the Unix epoch; on Kafka the record's timestamp, as offsets-for-times reads
@@ -274,9 +278,9 @@ pub trait LogPort: Send + Sync + 'static {
         })
     }
 
-    /// Applies retention; returns how many partitions moved their earliest offset.
-    /// Applies retention as of the log's own clock (the one that stamped its records).
-    fn enforce_retention(&self) -> Result<usize, StorageError>;
+    /// Applies retention as of the log's own clock (the one that stamped its records);
+    /// answers how many partitions moved their earliest offset.
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>>;
 
     /// A fault that keeps the log from taking appends until the process restarts, if any.
     /// The health check reports it.
@@ -340,7 +344,8 @@ pub trait GroupLog: Send + Sync {
 
 /// The state store as the engine uses it.
 pub trait StatePort: Send + Sync + 'static {
-    fn load(&self) -> Result<Loaded, StorageError>;
+    /// What the store holds, read once at start.
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>>;
     /// Applies a batch atomically and durably. Batches are handed over in ticket order and
     /// one at a time, so the store sees them in order.
     fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64)

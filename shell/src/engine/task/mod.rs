@@ -692,6 +692,7 @@ impl EngineTask {
             Event::TopicPrepared { spec, reply, facts } => {
                 self.on_topic_prepared(spec, reply, facts)
             }
+            Event::SeekRange { seek, range } => self.on_seek_range(*seek, range),
             Event::Fetched {
                 group,
                 partition,

@@ -79,7 +79,7 @@ impl Grouped {
     /// Gives `partition` of `group` (on topic `topic`) to the engine again, with no
     /// progress read for it.
     async fn give(&self, group: &str, topic: &str, partition: Partition) {
-        let (earliest, end) = self.inner.offsets(&t(topic), partition).unwrap();
+        let (earliest, end) = MemoryLog::offsets(&self.inner, &t(topic), partition).unwrap();
         self.events()
             .send(GroupEvent::Assigned {
                 group: g(group),
@@ -123,18 +123,18 @@ impl LogPort for Grouped {
     ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&self.inner, topic)
     }
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        self.inner.offsets(topic, partition)
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&self.inner, topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&self.inner)
     }
     fn group(&self) -> Option<&dyn GroupLog> {
         Some(self)
@@ -146,10 +146,10 @@ impl GroupLog for Grouped {
         *self.events.lock().unwrap() = Some(events);
     }
     fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
-        let n = self.inner.partitions(topic).unwrap_or(0);
+        let n = MemoryLog::partitions(&self.inner, topic).unwrap_or(0);
         let mut partitions = Vec::new();
         for p in 0..n {
-            let (earliest, end) = self.inner.offsets(topic, p)?;
+            let (earliest, end) = MemoryLog::offsets(&self.inner, topic, p)?;
             partitions.push(Assignment {
                 partition: p,
                 earliest,
@@ -254,7 +254,7 @@ impl Scripted {
 }
 
 impl StatePort for Scripted {
-    fn load(&self) -> Result<Loaded, StorageError> {
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         self.inner.load()
     }
     fn apply(

@@ -64,18 +64,18 @@ impl LogPort for SlowTopics {
             prepare.await
         })
     }
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&self.inner, topic)
     }
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        self.inner.offsets(topic, partition)
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&self.inner, topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&self.inner)
     }
 }
 

@@ -679,7 +679,7 @@ pub struct KafkaState {
     local: StoreAdapter,
     log: KafkaLog,
     /// The topic of each group, for the DLQ topic's name.
-    topics: Mutex<BTreeMap<GroupName, TopicName>>,
+    topics: Arc<Mutex<BTreeMap<GroupName, TopicName>>>,
     /// Per DLQ key, the record (its [`super::dlq::record_id`]) this instance handed the
     /// core to replay: what a resolution of the key deletes (docs/DESIGN.md §8).
     replayed: Arc<Mutex<BTreeMap<DlqKey, String>>>,
@@ -690,7 +690,7 @@ impl KafkaState {
         Self {
             local,
             log,
-            topics: Mutex::new(BTreeMap::new()),
+            topics: Arc::new(Mutex::new(BTreeMap::new())),
             replayed: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
@@ -782,15 +782,19 @@ fn replays_done(replayed: &mut BTreeMap<DlqKey, String>, batch: &PersistBatch) {
 }
 
 impl StatePort for KafkaState {
-    fn load(&self) -> Result<Loaded, StorageError> {
-        let mut loaded = self.local.load()?;
-        // Progress comes with each assignment, from the progress topic.
-        loaded.recovered.checkpoints.clear();
-        let mut topics = lock(&self.topics);
-        for s in &loaded.recovered.subscriptions {
-            topics.insert(s.group.clone(), s.topic.clone());
-        }
-        Ok(loaded)
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
+        let local = self.local.load();
+        let topics = Arc::clone(&self.topics);
+        Box::pin(async move {
+            let mut loaded = local.await?;
+            // Progress comes with each assignment, from the progress topic.
+            loaded.recovered.checkpoints.clear();
+            let mut topics = lock(&topics);
+            for s in &loaded.recovered.subscriptions {
+                topics.insert(s.group.clone(), s.topic.clone());
+            }
+            Ok(loaded)
+        })
     }
 
     fn apply(

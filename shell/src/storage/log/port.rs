@@ -118,8 +118,10 @@ impl LogPort for EmbeddedLog {
         })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.topic(topic).map(|t| t.partitions)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        // In memory: the topics are loaded at open.
+        let n = self.topic(&topic).map(|t| t.partitions);
+        Box::pin(async move { n })
     }
 
     fn offset_for_time(
@@ -145,19 +147,30 @@ impl LogPort for EmbeddedLog {
 
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        EmbeddedLog::offsets(self, topic, partition).map_err(append_error)
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        // In memory: no read of the disk.
+        let range = EmbeddedLog::offsets(self, &topic, partition).map_err(append_error);
+        Box::pin(async move { range })
     }
 
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        let now_wall_ms = self.config().clock.now_ms();
-        let report = EmbeddedLog::enforce_retention(self, now_wall_ms).map_err(append_error)?;
-        for (topic, partition, error) in &report.failed {
-            tracing::warn!(%topic, partition, %error, "retention failed for a partition");
-        }
-        Ok(report.truncated.len())
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            // Retention deletes through RocksDB: the blocking pool's.
+            crate::storage::spawn_blocking(move || {
+                let now_wall_ms = log.config().clock.now_ms();
+                let report =
+                    EmbeddedLog::enforce_retention(&log, now_wall_ms).map_err(append_error)?;
+                for (topic, partition, error) in &report.failed {
+                    tracing::warn!(%topic, partition, %error, "retention failed for a partition");
+                }
+                Ok(report.truncated.len())
+            })
+            .await
+            .unwrap_or_else(|e| Err(StorageError::failed("retention task failed", e)))
+        })
     }
 
     fn recent_appends(

@@ -52,6 +52,29 @@ impl MemoryLog {
         t.partitions.len() as u32
     }
 
+    /// The partition count of a topic it has.
+    pub fn partitions(&self, topic: &TopicName) -> Option<u32> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics.get(topic).map(|t| t.partitions.len() as u32)
+    }
+
+    /// (earliest, end) of a partition.
+    pub fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let t = topics
+            .get(topic)
+            .ok_or_else(|| StorageError::Invalid(format!("unknown topic {topic}")))?;
+        let p = t
+            .partitions
+            .get(partition as usize)
+            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {partition}")))?;
+        Ok((t.earliest[partition as usize], p.len() as Offset))
+    }
+
     /// Refuses every append with this reason (as the embedded log does after a failed
     /// write), or takes appends again with `None`; for tests.
     pub fn set_fault(&self, fault: Option<String>) {
@@ -153,14 +176,14 @@ impl LogPort for Arc<MemoryLog> {
         with_offsets: bool,
     ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let facts = TopicFacts::read(self.ensure_topic(&topic), with_offsets, |p| {
-            self.offsets(&topic, p)
+            MemoryLog::offsets(self, &topic, p)
         });
         Box::pin(async move { facts })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        topics.get(topic).map(|t| t.partitions.len() as u32)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        let n = MemoryLog::partitions(self, &topic);
+        Box::pin(async move { n })
     }
 
     fn offset_for_time(
@@ -190,22 +213,15 @@ impl LogPort for Arc<MemoryLog> {
 
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        let t = topics
-            .get(topic)
-            .ok_or_else(|| StorageError::Invalid(format!("unknown topic {topic}")))?;
-        let p = t
-            .partitions
-            .get(partition as usize)
-            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {partition}")))?;
-        Ok((t.earliest[partition as usize], p.len() as Offset))
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        let range = MemoryLog::offsets(self, &topic, partition);
+        Box::pin(async move { range })
     }
 
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        Ok(0)
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        Box::pin(async { Ok(0) })
     }
 
     fn fault(&self) -> Option<String> {

@@ -38,9 +38,14 @@ impl StoreAdapter {
 }
 
 impl StatePort for StoreAdapter {
-    fn load(&self) -> Result<Loaded, StorageError> {
-        let guard = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        guard.load().map_err(StorageError::from_source)
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
+        // Read where it is awaited, once at start before anything is served (as it always
+        // was): no task of its own, so a simulation's schedule is the same.
+        let store = self.store.clone();
+        Box::pin(async move {
+            let guard = store.lock().unwrap_or_else(|p| p.into_inner());
+            guard.load().map_err(StorageError::from_source)
+        })
     }
 
     fn apply(

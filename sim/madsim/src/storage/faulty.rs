@@ -119,12 +119,15 @@ impl Distort {
             return T::read(records);
         }
         if T::OUT_OF_RANGE && draw(&rng, |r| r.chance(f.fetch_out_of_range)) {
-            if let Ok((earliest, end)) = inner.offsets(&topic, partition) {
+            if let Ok((earliest, end)) = inner.offsets(topic.clone(), partition).await {
                 world.count(|c| &mut c.fetch_out_of_range);
                 return LogRead::OutOfRange { earliest, end };
             }
         }
-        let earliest = inner.offsets(&topic, partition).map_or(from, |(e, _)| e);
+        let earliest = inner
+            .offsets(topic.clone(), partition)
+            .await
+            .map_or(from, |(e, _)| e);
         if from > earliest && draw(&rng, |r| r.chance(f.fetch_rewind)) {
             let back = draw(&rng, |r| r.range(1, (from - earliest).min(8)));
             let earlier = inner
@@ -261,20 +264,20 @@ impl LogPort for FaultyLog {
         self.inner.prepare_topic(topic, with_offsets)
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&*self.inner, topic)
     }
 
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        self.inner.offsets(topic, partition)
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&*self.inner, topic, partition)
     }
 
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&*self.inner)
     }
 
     fn fault(&self) -> Option<String> {
@@ -327,7 +330,7 @@ impl Drop for Applying {
 }
 
 impl StatePort for FaultyState {
-    fn load(&self) -> Result<Loaded, StorageError> {
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         self.inner.load()
     }
 

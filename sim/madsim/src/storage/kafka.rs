@@ -730,20 +730,20 @@ impl LogPort for TappedLog {
         self.inner.prepare_topic(topic, with_offsets)
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&self.inner, topic)
     }
 
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        self.inner.offsets(topic, partition)
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&self.inner, topic, partition)
     }
 
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&self.inner)
     }
 
     fn metrics(&self) -> Option<LogMetrics> {
@@ -806,7 +806,7 @@ struct ReportingState {
 }
 
 impl StatePort for ReportingState {
-    fn load(&self) -> Result<Loaded, StorageError> {
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         self.inner.load()
     }
 

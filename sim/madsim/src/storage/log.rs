@@ -180,6 +180,26 @@ impl SimLog {
     fn draw<T>(&self, f: impl FnOnce(&mut Rng) -> T) -> T {
         f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
     }
+
+    /// A retention pass: while faults last, now and then a prefix of one partition goes
+    /// (once every group's start is durable: see [`World::retention_allowed`]); how many
+    /// partitions moved their earliest offset.
+    fn retention_pass(&self) -> usize {
+        let rate = self.world.opts.faults.retention;
+        if !self.world.faults_on() || !self.draw(|r| r.chance(rate)) {
+            return 0;
+        }
+        if !self.world.retention_allowed() {
+            return 0;
+        }
+        match self.draw(|r| self.disk.delete_prefix(r)) {
+            Some((topic, partition, earliest)) => {
+                self.world.retention(&topic, partition, earliest);
+                1
+            }
+            None => 0,
+        }
+    }
 }
 
 impl LogPort for SimLog {
@@ -238,36 +258,25 @@ impl LogPort for SimLog {
         Box::pin(async move { facts })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.disk.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        let n = self.disk.partitions(&topic);
+        Box::pin(async move { n })
     }
 
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), StorageError> {
-        self.disk
-            .offsets(topic, partition)
-            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {topic}/{partition}")))
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        let range = self
+            .disk
+            .offsets(&topic, partition)
+            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {topic}/{partition}")));
+        Box::pin(async move { range })
     }
 
-    /// A retention pass: while faults last, now and then a prefix of one partition goes
-    /// (once every group's start is durable: see [`World::retention_allowed`]).
-    fn enforce_retention(&self) -> Result<usize, StorageError> {
-        let rate = self.world.opts.faults.retention;
-        if !self.world.faults_on() || !self.draw(|r| r.chance(rate)) {
-            return Ok(0);
-        }
-        if !self.world.retention_allowed() {
-            return Ok(0);
-        }
-        match self.draw(|r| self.disk.delete_prefix(r)) {
-            Some((topic, partition, earliest)) => {
-                self.world.retention(&topic, partition, earliest);
-                Ok(1)
-            }
-            None => Ok(0),
-        }
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        let moved = self.retention_pass();
+        Box::pin(async move { Ok(moved) })
     }
 }
