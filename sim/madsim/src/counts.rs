@@ -66,4 +66,8 @@ counters!(
     members_expired,
     commits_fenced,
     stale_assignments,
+    stream_sessions,
+    stream_writes_failed,
+    stream_closes,
+    stream_overlaps,
 );

@@ -31,6 +31,27 @@ pub struct ClientOptions {
     pub wait_ms: Millis,
     /// Pause between polls.
     pub pause_ms: Millis,
+    /// How it takes its deliveries.
+    pub transport: Transport,
+}
+
+/// The delivery path a client uses: those that ship.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transport {
+    /// Long-polls (the fields above).
+    LongPoll,
+    /// A stream session (SSE or WebSocket: the engine's session API their HTTP handlers
+    /// use), its credit `window`. While faults last a write fails with `write_fail` (the
+    /// transport reports it and the session ends, as the WebSocket handler does),
+    /// after a batch the connection closes with `close` (what is still queued goes back),
+    /// and a closing connection is left open a while after the client reconnected with the
+    /// same id with `overlap` (the engine ends the older session).
+    Stream {
+        window: u32,
+        write_fail: f64,
+        close: f64,
+        overlap: f64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -188,6 +209,7 @@ impl Options {
                     poll_max: rng.range(1, 8) as u32,
                     wait_ms: rng.range(0, 300),
                     pause_ms: rng.range(1, 40),
+                    transport: Transport::LongPoll,
                 })
                 .collect();
             groups.push(GroupOptions {
@@ -257,6 +279,18 @@ impl Options {
                 0
             },
         };
+        // Transports from a draw of their own, so every other draw of a seed is as before.
+        let mut t = Rng::new(seed ^ 0x5452_414e_5350_0000);
+        for c in groups.iter_mut().flat_map(|g| g.clients.iter_mut()) {
+            if t.chance(0.5) {
+                c.transport = Transport::Stream {
+                    window: t.range(1, 8) as u32,
+                    write_fail: maybe(&mut t, 0.02, 0.2),
+                    close: maybe(&mut t, 0.05, 0.4),
+                    overlap: maybe(&mut t, 0.1, 0.5),
+                };
+            }
+        }
         Options {
             seed,
             nodes: 1,

@@ -717,18 +717,38 @@ impl World {
         max: u32,
         got: &[Delivery],
     ) {
+        self.received(node, group, client, max, got, "poll-answer");
+    }
+
+    /// A stream session's transport wrote these deliveries to its connection (a stream of
+    /// credit `window`): from here they are the client's, as a poll's answer is.
+    pub fn stream_written(
+        &self,
+        node: usize,
+        group: &GroupName,
+        client: &ClientId,
+        window: u32,
+        got: &[Delivery],
+    ) {
+        self.received(node, group, client, window, got, "stream-write");
+    }
+
+    fn received(
+        &self,
+        node: usize,
+        group: &GroupName,
+        client: &ClientId,
+        max: u32,
+        got: &[Delivery],
+        what: &'static str,
+    ) {
         let mut w = self.lock();
         let Some(n) = w.nodes.get_mut(node) else {
             return;
         };
         let t = n.clock.now_ms();
         let r = n.tracker.received(group, client, max, got);
-        w.note(
-            node,
-            t,
-            "poll-answer",
-            [got.len() as u64, u64::from(max), 0, 0],
-        );
+        w.note(node, t, what, [got.len() as u64, u64::from(max), 0, 0]);
         if let Err(v) = r {
             w.fail(v);
         }
