@@ -263,8 +263,11 @@ impl Poller {
             });
             let mut closing = false;
             loop {
+                // Biased: an unbiased `select!` draws its order from tokio's thread-local
+                // generator, which madsim does not seed (module docs). What the transport
+                // wrote before its connection ended is read first, as off a socket.
                 tokio::select! {
-                    _ = &mut session => break,
+                    biased;
                     got = rx.recv() => {
                         let Some(got) = got else { break };
                         for d in &got {
@@ -287,6 +290,7 @@ impl Poller {
                             break;
                         }
                     }
+                    _ = &mut session => break,
                 }
             }
             if closing {

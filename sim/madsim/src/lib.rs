@@ -23,6 +23,12 @@
 //! - `cargo run -p unimesh-sim-shell --release -- --seeds N [--from S]`: a long sweep that
 //!   prints seeds/s and the faults injected;
 //! - `MADSIM_TEST_SEED=<n>` replays one seed exactly (same trace hash).
+//!
+//! Determinism rests on madsim's generator alone: each seed runs on a thread of its own
+//! (std's `HashMap` keys), and every `tokio::select!` the harness runs is `biased` (an
+//! unbiased one draws its order from tokio's own thread-local generator, seeded with a
+//! process-wide counter: the second run of a seed in a process would poll in another
+//! order). `tests/select.rs` checks the sources for it.
 
 #![cfg(madsim)]
 #![forbid(unsafe_code)]
