@@ -70,4 +70,10 @@ counters!(
     stream_writes_failed,
     stream_closes,
     stream_overlaps,
+    pushes,
+    pushes_deferred,
+    pushes_failed,
+    pushes_hung,
+    pushes_refused,
+    pushes_not_allowed,
 );

@@ -10,7 +10,7 @@
 //! start-up is `engine::start_observed` (what `serve` calls, plus a tap) on simulated
 //! storage whose writes count once durable and which outlives the node (`storage`); a node
 //! of model clients calling the engine through a front door that stands in for the HTTP
-//! server (`clients`, `node`); kills, restarts, clock jumps and operators (`operators`).
+//! server (`clients`, `node`), and webhook targets for the shipped pushers (`webhook`); kills, restarts, clock jumps and operators (`operators`).
 //! The contract checker of `unimesh-sim` (C1–C9) is fed from the engine's tap, the storage
 //! and the front (`world`), with the harness's own checks of what clients got
 //! (`tracker`). After the fault phase, faults stop and the run must converge.
@@ -41,6 +41,7 @@ pub mod options;
 pub mod run;
 pub mod storage;
 pub mod tracker;
+pub mod webhook;
 pub mod world;
 
 pub use counts::Counts;

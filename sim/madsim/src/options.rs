@@ -67,6 +67,36 @@ pub struct GroupOptions {
     /// Starts at the end offsets of the moment it is created.
     pub start_latest: bool,
     pub clients: Vec<ClientOptions>,
+    /// A webhook target (`push.url`): the mesh's pusher is one more client of the group.
+    pub push: Option<PushOptions>,
+}
+
+/// A group's webhook target, as the shipped pusher (`http/push`) meets it. While faults
+/// last a request is answered 429 or 503 with `Retry-After` (`deferred`), with another
+/// failure status (`fail`), never (`hang`: the pusher's timeout ends it), its connection is
+/// refused (`refuse`), or its host resolves to an address `push.allowed_hosts` does not
+/// let through (`not_allowed`); the rest is answered 2xx. Afterwards every request is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushOptions {
+    /// Events per request (`push.batch`: 1 is binary mode).
+    pub batch: u32,
+    pub deferred: f64,
+    /// The longest `Retry-After` (seconds).
+    pub retry_after_s: u64,
+    pub fail: f64,
+    pub hang: f64,
+    pub refuse: f64,
+    pub not_allowed: f64,
+    /// The longest time a target takes to answer.
+    pub latency_ms: Millis,
+}
+
+/// The mesh's `[push]` settings of a run with webhook targets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushRun {
+    pub max_concurrency: u32,
+    pub request_timeout_ms: Millis,
+    pub scan_interval_ms: Millis,
 }
 
 /// Rates of the faults of the environment. A rate of 0 disables a fault.
@@ -168,6 +198,8 @@ pub struct Options {
     pub fault_phase_ms: Millis,
     pub engine: EngineOptions,
     pub faults: FaultRates,
+    /// Set when some group has a webhook target.
+    pub push: Option<PushRun>,
 }
 
 /// Half of the time a fault is off; otherwise its rate is drawn from `lo..=hi`.
@@ -232,6 +264,7 @@ impl Options {
                 max_in_flight: rng.range(1, 8) as u32,
                 start_latest: rng.chance(0.2),
                 clients,
+                push: None,
             });
         }
         let faults = FaultRates {
@@ -291,6 +324,31 @@ impl Options {
                 };
             }
         }
+        // Webhook targets from a draw of their own too.
+        let mut w = Rng::new(seed ^ 0x5055_5348_0000_0000);
+        for g in &mut groups {
+            if w.chance(0.4) {
+                g.push = Some(PushOptions {
+                    batch: if w.chance(0.5) {
+                        1
+                    } else {
+                        w.range(2, 6) as u32
+                    },
+                    deferred: maybe(&mut w, 0.05, 0.3),
+                    retry_after_s: w.range(0, 2),
+                    fail: maybe(&mut w, 0.05, 0.3),
+                    hang: maybe(&mut w, 0.02, 0.15),
+                    refuse: maybe(&mut w, 0.05, 0.3),
+                    not_allowed: maybe(&mut w, 0.01, 0.1),
+                    latency_ms: w.range(0, 40),
+                });
+            }
+        }
+        let push = groups.iter().any(|g| g.push.is_some()).then(|| PushRun {
+            max_concurrency: w.range(1, 4) as u32,
+            request_timeout_ms: w.range(50, 1_000),
+            scan_interval_ms: w.range(10, 200),
+        });
         Options {
             seed,
             nodes: 1,
@@ -307,6 +365,7 @@ impl Options {
             fault_phase_ms: rng.range(1_000, 4_000),
             engine,
             faults,
+            push,
         }
     }
 }
@@ -360,6 +419,9 @@ impl fmt::Display for Options {
         }
         writeln!(f, "  engine: {:?}", self.engine)?;
         writeln!(f, "  faults: {:?}", self.faults)?;
+        if let Some(p) = &self.push {
+            writeln!(f, "  push: {p:?}")?;
+        }
         for g in &self.groups {
             writeln!(
                 f,
@@ -369,6 +431,9 @@ impl fmt::Display for Options {
             )?;
             for (i, c) in g.clients.iter().enumerate() {
                 writeln!(f, "    client {i}: {c:?}")?;
+            }
+            if let Some(p) = &g.push {
+                writeln!(f, "    webhook: {p:?}")?;
             }
         }
         Ok(())

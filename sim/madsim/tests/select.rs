@@ -20,7 +20,6 @@ const NOT_SIMULATED: &[(&str, &str)] = &[
         "shell/src/http/streams.rs",
         "the SSE and WebSocket routes (axum runs on tokio itself); the harness drives their session API",
     ),
-    ("shell/src/http/push.rs", "webhook pushers: not yet run by the harness"),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
