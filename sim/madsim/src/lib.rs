@@ -40,6 +40,7 @@ pub mod operators;
 pub mod options;
 pub mod run;
 pub mod storage;
+pub mod sweep;
 pub mod tracker;
 pub mod webhook;
 pub mod world;
