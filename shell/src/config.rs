@@ -924,7 +924,7 @@ impl Server {
                 format!("must be between {MIN_CONSOLE_INTERVAL_MS} and {MAX_CONSOLE_INTERVAL_MS}"),
             );
         }
-        if let Err(why) = crate::http::cors::Origins::parse(&self.cors_allowed_origins) {
+        if let Err(why) = crate::policy::Origins::parse(&self.cors_allowed_origins) {
             return refuse("server.cors_allowed_origins", why);
         }
         let tls = &self.tls;
@@ -955,7 +955,7 @@ impl Push {
             ("push.request_timeout_ms", self.request_timeout_ms),
             ("push.scan_interval_ms", self.scan_interval_ms),
         ])?;
-        if let Err(why) = crate::http::target::TargetPolicy::parse(&self.allowed_hosts) {
+        if let Err(why) = crate::policy::TargetPolicy::parse(&self.allowed_hosts) {
             return refuse("push.allowed_hosts", why);
         }
         Ok(())

@@ -47,6 +47,22 @@ pub(super) async fn metrics(State(app): State<Arc<App>>, _: Params<NoParams>) ->
     ([(CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
 }
 
+/// This document (the admin API's).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operate",
+    operation_id = "adminOpenapi",
+    responses(
+        (status = 200, description = "The OpenAPI document of the admin listener.", body = Object, content_type = "application/json"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    let doc = app.documents.admin.clone();
+    ([(CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
 #[derive(Serialize, ToSchema)]
 pub(super) struct StatusAnswer {
     /// `ok` (health) or `ready` (readiness).

@@ -38,10 +38,11 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument as _;
 use unimesh_core::{ClientId, Delivery, GroupName};
 
-use super::target::{refusal_in, CheckedResolver, Refusal, TargetPolicy};
+use super::target::{refusal_in, CheckedResolver};
 use crate::config::Push as PushConfig;
 use crate::engine::{EngineHandle, PushOutcome, PushTarget};
 use crate::event::to_binary_request_parts;
+use crate::policy::{Refusal, TargetPolicy};
 
 /// The client id of every group's pusher session.
 pub const PUSH_CLIENT: &str = "push";

@@ -20,11 +20,12 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
 use super::auth::PeerIdentity;
-use super::routes::{router, Listener};
+use super::listener::{ConnSlot, Listener};
+use super::routes::router;
 #[cfg(not(madsim))]
 use super::tls::Tls;
 use super::App;
@@ -160,9 +161,7 @@ impl Server {
                 Listener::Admin => admin_router.clone(),
                 Listener::Traffic => traffic_router.clone(),
             };
-            let slot = Arc::new(ConnSlot {
-                permit: std::sync::Mutex::new(Some(permit)),
-            });
+            let slot = Arc::new(ConnSlot::new(permit));
             let builder = builder.clone();
             let watcher = graceful.watcher();
             #[cfg(not(madsim))]
@@ -344,21 +343,6 @@ async fn refuse_plain(mut stream: TcpStream) {
     );
     let _ = stream.write_all(answer.as_bytes()).await;
     let _ = stream.shutdown().await;
-}
-
-/// A connection's slot among `server.max_connections`. An HTTP/1.1 connection that becomes
-/// a delivery stream gives it back ([`ConnSlot::release`]): from then on it counts among
-/// the streams (`server.max_streams`), so idle streams cannot starve request connections.
-pub struct ConnSlot {
-    permit: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-impl ConnSlot {
-    pub fn release(&self) {
-        // A plain `Option`: a panic while it was held cannot leave it broken.
-        let mut p = self.permit.lock().unwrap_or_else(|p| p.into_inner());
-        p.take();
-    }
 }
 
 async fn accept(

@@ -24,7 +24,7 @@ use utoipa::IntoParams;
 
 use super::error::{code, ApiError, ErrorBody};
 use super::extract::{Name, Params, QueryParams};
-use super::server::ConnSlot;
+use super::listener::ConnSlot;
 use super::traffic::{settle, DeliveryView};
 use super::App;
 use crate::engine::{Settling, Stream};

@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -699,6 +700,24 @@ pub(super) fn parse_ids(
         }
     }
     (ids, malformed)
+}
+
+// ----- this document -----
+
+/// This document (the traffic API's).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operate",
+    operation_id = "trafficOpenapi",
+    responses(
+        (status = 200, description = "The OpenAPI document of the traffic listener.", body = Object, content_type = "application/json"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    let doc = app.documents.traffic.clone();
+    ([(CONTENT_TYPE, "application/json")], doc).into_response()
 }
 
 #[cfg(test)]
