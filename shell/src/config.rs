@@ -781,15 +781,6 @@ impl Config {
         self.data.join("log")
     }
 
-    /// Where the state store lives (`None` for the in-memory store).
-    pub fn state_dir(&self) -> Option<PathBuf> {
-        match self.state.backend {
-            StateBackend::Rocksdb => Some(self.data.join("state")),
-            StateBackend::Sled => Some(self.data.join("state-sled")),
-            StateBackend::Memory => None,
-        }
-    }
-
     /// Whether requests need credentials: identities, JWTs or client certificates are
     /// configured.
     pub fn auth_on(&self) -> bool {
@@ -1408,7 +1399,7 @@ mod tests {
         .expect("loads")
         .config;
         assert_eq!(c.state.backend, StateBackend::Memory);
-        assert_eq!(c.state_dir(), None);
+        assert_eq!(c.local_store().dir(), None);
         assert_eq!(c.limits.max_poll_events, 50);
         assert_eq!(c.subscription_limits().max_attempts, 3);
         let err = load(

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Config, Kafka, StorageBackend};
+use super::{Config, Kafka, StateBackend, StorageBackend};
 use crate::storage::kafka::{KafkaSettings, PropertyTables};
-use crate::storage::{Backend, KafkaStart};
+use crate::storage::{Backend, KafkaStart, LocalStore};
 
 /// How often `serve` probes the broker (health) and refreshes partition ends.
 const KAFKA_WATCH: Duration = Duration::from_secs(1);
@@ -22,6 +22,15 @@ impl Config {
                 watch_every: Some(KAFKA_WATCH),
                 offsets_refresh: KAFKA_WATCH,
             }),
+        }
+    }
+
+    /// This node's own state store (`state.backend`, in the data directory).
+    pub fn local_store(&self) -> LocalStore {
+        match self.state.backend {
+            StateBackend::Rocksdb => LocalStore::Rocksdb(self.data.join("state")),
+            StateBackend::Sled => LocalStore::Sled(self.data.join("state-sled")),
+            StateBackend::Memory => LocalStore::Memory,
         }
     }
 
