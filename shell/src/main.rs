@@ -433,7 +433,7 @@ async fn run(
     }
     // The engine ended every delivery stream; give them the grace period to say so to
     // their clients (a WebSocket's close 1001) before the process exits.
-    let streams = u32::try_from(cfg.server.max_streams).unwrap_or(u32::MAX);
+    let streams = u32::try_from(cfg.server.max_streams.get()).unwrap_or(u32::MAX);
     let grace = Duration::from_millis(cfg.server.shutdown_grace_ms);
     if tokio::time::timeout(grace, app.streams.acquire_many(streams))
         .await

@@ -100,7 +100,7 @@ impl App {
             push_targets: Arc::new(
                 TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default(),
             ),
-            streams: Arc::new(Semaphore::new(config.server.max_streams)),
+            streams: Arc::new(Semaphore::new(config.server.max_streams.get())),
             replies: reply::Replies::new(config.limits.max_pending_requests),
             console: console::Console::new(config.server.console_interval_ms),
         }

@@ -63,7 +63,7 @@ pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
 /// Runs the pushers of every group with `push.url` until the engine stops.
 pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<TargetPolicy>) {
     let mut running: BTreeMap<GroupName, (PushTarget, JoinHandle<()>)> = BTreeMap::new();
-    let every = Duration::from_millis(config.scan_interval_ms);
+    let every = Duration::from_millis(config.scan_interval_ms.get());
     loop {
         let targets = engine.push_targets().await;
         if targets.is_err() && !engine.is_running() {
@@ -121,7 +121,7 @@ impl Pusher {
             policy.clone(),
             port.unwrap_or(80),
         ));
-        connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
+        connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms.get())));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
         // The secret was checked when the subscription was written; one that no longer
@@ -288,7 +288,7 @@ impl Pusher {
         *req.method_mut() = Method::POST;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        let timeout = Duration::from_millis(self.config.request_timeout_ms);
+        let timeout = Duration::from_millis(self.config.request_timeout_ms.get());
         let answer = tokio::time::timeout(timeout, async {
             let res = self.client.request(req).await?;
             let status = res.status();
@@ -364,7 +364,11 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
     };
     // Up to `max_concurrency` requests of up to `batch` events each are out at a time.
     let per_request = pusher.target.batch.max(1);
-    let credit = pusher.config.max_concurrency.saturating_mul(per_request);
+    let credit = pusher
+        .config
+        .max_concurrency
+        .get()
+        .saturating_mul(per_request);
     let stream = match engine.open_stream(&group, &who, credit).await {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -374,7 +378,7 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
     };
     tracing::info!(%group, url = %pusher.target.url, signed = pusher.key.is_some(), batch = per_request, "webhook pusher started");
     let mut inflight: JoinSet<()> = JoinSet::new();
-    let max = pusher.config.max_concurrency as usize;
+    let max = pusher.config.max_concurrency.get() as usize;
     loop {
         let free = max.saturating_sub(inflight.len());
         if free == 0 {

@@ -133,12 +133,14 @@ impl Server {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_millis(self.settings.header_read_timeout_ms));
+            .header_read_timeout(Duration::from_millis(
+                self.settings.header_read_timeout_ms.get(),
+            ));
         // No TLS under madsim: nothing to count.
         #[cfg(madsim)]
         let _ = app;
-        let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections));
-        let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections));
+        let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections.get()));
+        let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections.get()));
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
@@ -168,7 +170,7 @@ impl Server {
             let tls = self.tls.clone();
             #[cfg(not(madsim))]
             let app = app.clone();
-            let timeout = Duration::from_millis(self.settings.header_read_timeout_ms);
+            let timeout = Duration::from_millis(self.settings.header_read_timeout_ms.get());
             tokio::spawn(async move {
                 #[cfg(not(madsim))]
                 if let Some(tls) = tls {
