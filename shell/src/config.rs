@@ -30,8 +30,8 @@
 //!
 //! How the layers are merged, and how every error names its key and the layer it came from,
 //! is `config::load` (on `figment`). Each section checks its own values (`validate` on
-//! its type), the bounds "at least 1" by `NonZero` types (`[server]`, `[push]`, `[storage]`,
-//! `[kafka]`, `[mesh]`, `[engine]`, `[dedup]`), refused as the value is read;
+//! its type), the bounds "at least 1" by `NonZero` types (`[limits]`, `[server]`, `[push]`,
+//! `[storage]`, `[kafka]`, `[mesh]`, `[engine]`, `[dedup]`), refused as the value is read;
 //! [`Config::validate`] runs the rest, plus the relations between sections.
 
 use std::collections::BTreeMap;
@@ -154,19 +154,19 @@ impl Default for Otel {
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Body of a publish request (all its events), in bytes.
-    pub max_request_bytes: usize,
+    pub max_request_bytes: NonZeroUsize,
     /// One event (its JSON, or body plus `ce-*` headers in binary mode), in bytes.
-    pub max_event_bytes: usize,
+    pub max_event_bytes: NonZeroUsize,
     /// Events in one batch publish.
-    pub max_batch_events: usize,
+    pub max_batch_events: NonZeroUsize,
     /// Body of every other JSON request (subscription, ACK, admin), in bytes.
-    pub max_json_bytes: usize,
+    pub max_json_bytes: NonZeroUsize,
     /// Delivery ids in one ACK, NACK or extend request.
-    pub max_ids_per_request: usize,
+    pub max_ids_per_request: NonZeroUsize,
     /// Largest `max` of a long-poll.
-    pub max_poll_events: u32,
+    pub max_poll_events: NonZeroU32,
     /// `max` of a long-poll that does not give one.
-    pub default_poll_events: u32,
+    pub default_poll_events: NonZeroU32,
     /// Largest `waitMs` of a long-poll.
     pub max_wait_ms: u64,
     /// `waitMs` of a long-poll that does not give one. Not zero by default: right after a
@@ -174,17 +174,17 @@ pub struct Limits {
     /// empty array to a newcomer's first poll.
     pub default_wait_ms: u64,
     /// Largest `max` of a DLQ browse or replay.
-    pub max_dlq_page: usize,
+    pub max_dlq_page: NonZeroUsize,
     /// `max` of a DLQ browse or replay that does not give one.
-    pub default_dlq_page: usize,
+    pub default_dlq_page: NonZeroUsize,
     /// Bytes of an oversized body read and thrown away before answering 413, so a client
     /// still writing its body reads the answer instead of a connection reset. Never buffered.
     pub drain_bytes: u64,
     /// A request body must arrive within this time (408 otherwise).
-    pub body_read_timeout_ms: u64,
+    pub body_read_timeout_ms: NonZeroU64,
     /// Request/reply requests waiting for their replies at once (and timed-out ones
     /// remembered, to count late replies).
-    pub max_pending_requests: usize,
+    pub max_pending_requests: NonZeroUsize,
 }
 
 /// The HTTP servers themselves.
@@ -559,20 +559,20 @@ impl Default for Limits {
     fn default() -> Self {
         let publish = PublishLimits::default();
         Self {
-            max_request_bytes: publish.max_request_bytes,
-            max_event_bytes: publish.max_event_bytes,
-            max_batch_events: publish.max_batch_events,
-            max_json_bytes: 1 << 20,
-            max_ids_per_request: 1_000,
-            max_poll_events: 1_000,
-            default_poll_events: 10,
+            max_request_bytes: nonzero(publish.max_request_bytes),
+            max_event_bytes: nonzero(publish.max_event_bytes),
+            max_batch_events: nonzero(publish.max_batch_events),
+            max_json_bytes: nonzero(1usize << 20),
+            max_ids_per_request: nonzero(1_000usize),
+            max_poll_events: nonzero(1_000u32),
+            default_poll_events: nonzero(10u32),
             max_wait_ms: 60_000,
             default_wait_ms: 1_000,
-            max_dlq_page: 1_000,
-            default_dlq_page: 100,
+            max_dlq_page: nonzero(1_000usize),
+            default_dlq_page: nonzero(100usize),
             drain_bytes: 64 << 20,
-            body_read_timeout_ms: 60_000,
-            max_pending_requests: 10_000,
+            body_read_timeout_ms: nonzero(60_000u64),
+            max_pending_requests: nonzero(10_000usize),
         }
     }
 }
@@ -754,9 +754,9 @@ impl Config {
 
     pub fn publish_limits(&self) -> PublishLimits {
         PublishLimits {
-            max_event_bytes: self.limits.max_event_bytes,
-            max_request_bytes: self.limits.max_request_bytes,
-            max_batch_events: self.limits.max_batch_events,
+            max_event_bytes: self.limits.max_event_bytes.get(),
+            max_request_bytes: self.limits.max_request_bytes.get(),
+            max_batch_events: self.limits.max_batch_events.get(),
         }
     }
 
@@ -768,7 +768,7 @@ impl Config {
         c.max_partitions = s.max_partitions.get();
         c.max_topics = s.max_topics.get();
         c.max_record_bytes = s.max_record_bytes;
-        c.max_records_per_append = self.limits.max_batch_events;
+        c.max_records_per_append = self.limits.max_batch_events.get();
         c.max_batch_bytes = s.max_batch_bytes;
         c.queue_capacity = s.queue_capacity.get();
         c.retention_ms = (s.retention_ms > 0).then_some(s.retention_ms);
@@ -834,41 +834,18 @@ impl Config {
     }
 }
 
-/// `Err` naming the first of `values` that is zero.
-fn at_least_one(values: &[(&str, u64)]) -> Result<(), Invalid> {
-    match values.iter().find(|(_, v)| *v == 0) {
-        Some((key, _)) => refuse(key, "must be at least 1"),
-        None => Ok(()),
-    }
-}
-
 impl Limits {
-    /// `[limits]`: every bound at least 1, every default within its maximum.
+    /// `[limits]`: every default within its maximum, every maximum within its hard ceiling
+    /// (each bound is at least 1 by its type).
     pub fn validate(&self) -> Result<(), Invalid> {
         let l = self;
-        at_least_one(&[
-            ("limits.max_request_bytes", l.max_request_bytes as u64),
-            ("limits.max_event_bytes", l.max_event_bytes as u64),
-            ("limits.max_batch_events", l.max_batch_events as u64),
-            ("limits.max_json_bytes", l.max_json_bytes as u64),
-            ("limits.max_ids_per_request", l.max_ids_per_request as u64),
-            ("limits.max_poll_events", u64::from(l.max_poll_events)),
-            (
-                "limits.default_poll_events",
-                u64::from(l.default_poll_events),
-            ),
-            ("limits.max_dlq_page", l.max_dlq_page as u64),
-            ("limits.max_pending_requests", l.max_pending_requests as u64),
-            ("limits.default_dlq_page", l.default_dlq_page as u64),
-            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
-        ])?;
         if l.max_event_bytes > l.max_request_bytes {
             return refuse(
                 "limits.max_event_bytes",
                 "must not exceed limits.max_request_bytes",
             );
         }
-        if l.max_poll_events > POLL_EVENTS_HARD_MAX {
+        if l.max_poll_events.get() > POLL_EVENTS_HARD_MAX {
             return refuse(
                 "limits.max_poll_events",
                 format!("must be at most {POLL_EVENTS_HARD_MAX}"),
@@ -960,10 +937,8 @@ impl Storage {
         }
         // Base64 grows binary data by 4/3; the rest of the stored JSON (attributes) is
         // bounded by the event size already, plus a little for the stored framing.
-        let room = limits
-            .max_event_bytes
-            .saturating_add(limits.max_event_bytes / 3)
-            .saturating_add(4096);
+        let event = limits.max_event_bytes.get();
+        let room = event.saturating_add(event / 3).saturating_add(4096);
         if s.max_record_bytes < room {
             return refuse(
                 "storage.max_record_bytes",
@@ -1245,7 +1220,7 @@ mod tests {
         assert_eq!(c.storage.backend, StorageBackend::Embedded);
         assert_eq!(c.state.backend, StateBackend::Rocksdb);
         assert_eq!(c.storage.default_partitions, 4);
-        assert_eq!(c.limits.max_poll_events, 1000);
+        assert_eq!(c.limits.max_poll_events.get(), 1000);
         assert_eq!(c.limits.max_wait_ms, 60_000);
         assert_eq!(c.mesh_config(), MeshConfig::default());
     }
@@ -1382,7 +1357,7 @@ mod tests {
         .config;
         assert_eq!(c.state.backend, StateBackend::Memory);
         assert_eq!(c.local_store().dir(), None);
-        assert_eq!(c.limits.max_poll_events, 50);
+        assert_eq!(c.limits.max_poll_events.get(), 50);
         assert_eq!(c.subscription_limits().max_attempts, 3);
         let err = load(
             &Overrides::default(),
@@ -1440,6 +1415,17 @@ mod tests {
     #[test]
     fn a_zero_where_at_least_1_is_needed_is_refused_in_every_section() {
         for key in [
+            "limits.max_request_bytes",
+            "limits.max_event_bytes",
+            "limits.max_batch_events",
+            "limits.max_json_bytes",
+            "limits.max_ids_per_request",
+            "limits.max_poll_events",
+            "limits.default_poll_events",
+            "limits.max_dlq_page",
+            "limits.default_dlq_page",
+            "limits.body_read_timeout_ms",
+            "limits.max_pending_requests",
             "server.max_connections",
             "server.header_read_timeout_ms",
             "server.max_streams",
@@ -1500,7 +1486,7 @@ mod tests {
         assert_eq!(
             err,
             "limits.max_poll_events (environment variable UNIMESH_LIMITS_MAX_POLL_EVENTS): \
-             must be at least 1"
+             is 0: must be at least 1"
         );
         // A relation: the value named is the one refused, and the default is a source too.
         let err = refused(

@@ -54,7 +54,7 @@ impl Config {
             group_prefix: k.group_prefix.clone(),
             max_progress_ranges: k.max_progress_ranges,
             request_timeout: Duration::from_millis(k.request_timeout_ms.get()),
-            max_event_bytes: self.limits.max_event_bytes,
+            max_event_bytes: self.limits.max_event_bytes.get(),
             group_instance_id,
             properties: property_tables(k),
         }

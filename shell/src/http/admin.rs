@@ -363,8 +363,13 @@ pub(super) async fn dlq_replay(
 
 fn dlq_max(app: &App, q: &super::query::Query) -> Result<usize, ApiError> {
     let l = &app.limits;
-    let max = q.bounded("max", l.default_dlq_page as u64, 1, l.max_dlq_page as u64)?;
-    Ok(usize::try_from(max).unwrap_or(l.max_dlq_page))
+    let max = q.bounded(
+        "max",
+        l.default_dlq_page.get() as u64,
+        1,
+        l.max_dlq_page.get() as u64,
+    )?;
+    Ok(usize::try_from(max).unwrap_or(l.max_dlq_page.get()))
 }
 
 #[derive(Deserialize, Serialize, ToSchema)]

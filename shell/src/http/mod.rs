@@ -101,7 +101,7 @@ impl App {
                 TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default(),
             ),
             streams: Arc::new(Semaphore::new(config.server.max_streams.get())),
-            replies: reply::Replies::new(config.limits.max_pending_requests),
+            replies: reply::Replies::new(config.limits.max_pending_requests.get()),
             console: console::Console::new(config.server.console_interval_ms),
         }
     }
