@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Effect, Epoch, Input, MeshConfig, Millis, PersistBatch, Response, Ticket};
 use unimesh_shell::engine::{self, BoxFut, EngineConfig, EngineHandle, EngineTap};
 use unimesh_shell::http::push;
-use unimesh_shell::http::target::TargetPolicy;
+use unimesh_shell::policy::TargetPolicy;
 use unimesh_sim::rng::Rng;
 use unimesh_sim::Clause;
 

@@ -19,13 +19,14 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use madsim_tokio as tokio;
+use std::num::{NonZeroU32, NonZeroU64};
 use unimesh_core::{ClientId, DeliveryId, GroupName};
 use unimesh_shell::config::Push as PushConfig;
 use unimesh_shell::engine::PushTarget;
 use unimesh_shell::http::push::{
     Answer, Connect, Post, PostError, DELIVERY_ID_HEADER, PUSH_CLIENT,
 };
-use unimesh_shell::http::target::Refusal;
+use unimesh_shell::policy::Refusal;
 use unimesh_sim::rng::Rng;
 
 use crate::options::{PushOptions, PushRun};
@@ -34,10 +35,10 @@ use crate::world::{Answered, World};
 /// The `[push]` settings of the run's mesh nodes.
 pub fn config(run: &PushRun) -> PushConfig {
     PushConfig {
-        max_concurrency: run.max_concurrency,
-        request_timeout_ms: run.request_timeout_ms,
+        max_concurrency: NonZeroU32::new(run.max_concurrency).unwrap_or(NonZeroU32::MIN),
+        request_timeout_ms: NonZeroU64::new(run.request_timeout_ms).unwrap_or(NonZeroU64::MIN),
         allowed_hosts: String::new(),
-        scan_interval_ms: run.scan_interval_ms,
+        scan_interval_ms: NonZeroU64::new(run.scan_interval_ms).unwrap_or(NonZeroU64::MIN),
     }
 }
 
@@ -56,7 +57,10 @@ pub fn connect(world: Arc<World>, node: usize, rng: Rng) -> Connect {
             .iter()
             .find(|g| g.name == target.group.as_str())
             .and_then(|g| g.push.clone());
-        let credit = config.max_concurrency.saturating_mul(target.batch.max(1));
+        let credit = config
+            .max_concurrency
+            .get()
+            .saturating_mul(target.batch.max(1));
         Arc::new(Target {
             world: world.clone(),
             node,

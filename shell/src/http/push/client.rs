@@ -18,7 +18,8 @@ use hyper_util::rt::TokioExecutor;
 use super::{Answer, Post, PostError};
 use crate::config::Push as PushConfig;
 use crate::engine::PushTarget;
-use crate::http::target::{refusal_in, CheckedResolver, TargetPolicy};
+use crate::http::target::{refusal_in, CheckedResolver};
+use crate::policy::TargetPolicy;
 
 type HttpClient = Client<HttpConnector<CheckedResolver>, Full<Bytes>>;
 
@@ -40,7 +41,7 @@ impl HyperPost {
         // checked before each request.
         let mut connector =
             HttpConnector::new_with_resolver(CheckedResolver::new(policy, port.unwrap_or(80)));
-        connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
+        connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms.get())));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Self { client }

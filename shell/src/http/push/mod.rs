@@ -48,10 +48,10 @@ use unimesh_core::{ClientId, Delivery, GroupName};
 #[cfg(not(madsim))]
 mod client;
 
-use super::target::{Refusal, TargetPolicy};
 use crate::config::Push as PushConfig;
 use crate::engine::{EngineHandle, PushOutcome, PushTarget};
 use crate::event::to_binary_request_parts;
+use crate::policy::{Refusal, TargetPolicy};
 
 /// The client id of every group's pusher session.
 pub const PUSH_CLIENT: &str = "push";
@@ -117,7 +117,7 @@ pub async fn supervise_with(
     connect: Connect,
 ) {
     let mut running: BTreeMap<GroupName, (PushTarget, JoinHandle<()>)> = BTreeMap::new();
-    let every = Duration::from_millis(config.scan_interval_ms);
+    let every = Duration::from_millis(config.scan_interval_ms.get());
     loop {
         let targets = engine.push_targets().await;
         if targets.is_err() && !engine.is_running() {
@@ -332,7 +332,7 @@ impl Pusher {
         *req.method_mut() = Method::POST;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        let timeout = Duration::from_millis(self.config.request_timeout_ms);
+        let timeout = Duration::from_millis(self.config.request_timeout_ms.get());
         let answer = tokio::time::timeout(timeout, self.post.post(req)).await;
         Ok(match answer {
             Ok(Ok(Answer { status, .. })) if status.is_success() => PushOutcome::Ack,
@@ -396,7 +396,11 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
     };
     // Up to `max_concurrency` requests of up to `batch` events each are out at a time.
     let per_request = pusher.target.batch.max(1);
-    let credit = pusher.config.max_concurrency.saturating_mul(per_request);
+    let credit = pusher
+        .config
+        .max_concurrency
+        .get()
+        .saturating_mul(per_request);
     let stream = match engine.open_stream(&group, &who, credit).await {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -408,7 +412,7 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
     // The requests in flight run inside this task (one wake-up source, and a pusher that is
     // stopped drops them with it).
     let mut inflight = FuturesUnordered::new();
-    let max = pusher.config.max_concurrency as usize;
+    let max = pusher.config.max_concurrency.get() as usize;
     loop {
         let free = max.saturating_sub(inflight.len());
         if free == 0 {
