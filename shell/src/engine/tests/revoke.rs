@@ -492,7 +492,7 @@ async fn a_revocation_with_only_a_persist_out_ends_when_it_is_durable() {
 /// partition came back to this instance before the writer got to it. Before, the state
 /// port looked its ownership up when it wrote, so the old lane's checkpoint went out under
 /// the new ownership and outranked what the owners in between had written (the "open"
-/// case of `kafka/progress.rs`; found by the madsim group shape, seed 204). Method:
+/// case of `kafka/io/progress.rs`; found by the madsim group shape, seed 204). Method:
 /// flushes every 5 ms; the first ACK's persist held at the store; the second ACK's persist
 /// issued behind it; the partition lost, then given back; the hold let go. The store never
 /// holds the second ACK's checkpoint of the old lane (watermark 2).

@@ -17,8 +17,10 @@ use madsim_rdkafka::{Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{Offset, Partition, TopicName};
 
-use super::epochs::{first_where, EpochProbe};
-use super::{ClientRole, KafkaSettings};
+use super::probe::EpochProbe;
+use super::properties::ClientRole;
+use crate::storage::kafka::rules::epochs::first_where;
+use crate::storage::kafka::KafkaSettings;
 use crate::storage::ports::StorageError;
 
 /// The lookup consumer and the probe that checks its answers, made on first use.

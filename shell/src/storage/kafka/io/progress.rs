@@ -99,12 +99,13 @@ use unimesh_core::{
     RateRule, TopicName,
 };
 
-use super::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
 use super::log::{lock, KafkaLog};
+use super::properties::ClientRole;
 use super::records::{stored_value, Outgoing};
-use super::rules::fence::{choose, mark, Record};
-pub(super) use super::rules::fence::{Chosen, OwnerGen};
-use super::{ClientRole, KafkaSettings};
+use crate::storage::kafka::rules::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
+use crate::storage::kafka::rules::fence::{choose, mark, Record};
+pub(super) use crate::storage::kafka::rules::fence::{Chosen, OwnerGen};
+use crate::storage::kafka::KafkaSettings;
 use crate::storage::ports::{BoxFut, StatePort, StorageError};
 use crate::storage::state::codec::encode_subscription;
 use crate::storage::state::StoreAdapter;
@@ -261,7 +262,7 @@ fn send_progress(
         .map_err(|(e, _)| format!("cannot write the progress topic: {e}"))
 }
 
-/// Writes each lane's claim ([`super::rules::assign::claim`]: the checkpoint it resumes
+/// Writes each lane's claim ([`crate::storage::kafka::rules::assign::claim`]: the checkpoint it resumes
 /// from, under its new owner's generation `gen`, stamped with the checkpoint's leader
 /// epoch) to the progress topic's home partition and waits until the broker acknowledged
 /// every one. From then on no record of an earlier owner of these lanes, however late it
@@ -1108,14 +1109,11 @@ mod tests {
     #[test]
     fn a_resolution_deletes_the_replayed_record_only() {
         let lost = dead_letter(7, "lost");
-        let lost_id = crate::storage::kafka::dlq::record_id(&lost.record);
+        let lost_id = super::dlq::record_id(&lost.record);
         let other = dead_letter(9, "other");
         let mut replayed = BTreeMap::new();
         replayed.insert(lost.key.clone(), lost_id.clone());
-        replayed.insert(
-            other.key.clone(),
-            crate::storage::kafka::dlq::record_id(&other.record),
-        );
+        replayed.insert(other.key.clone(), super::dlq::record_id(&other.record));
         let unknown_key = dead_letter(8, "x").key;
         let (out, unknown) = resolutions(&replayed, &[lost.key.clone(), unknown_key.clone()]);
         assert_eq!(out, vec![(lost.key.clone(), lost_id)]);

@@ -24,10 +24,11 @@ use super::client_log::LoggedConsumer;
 use super::client_log::{ClientLog, LoggedAdmin, LoggedProducer};
 #[cfg(not(madsim))]
 use super::consumer::GroupConsumer;
+use super::properties::ClientRole;
 use super::records::Outgoing;
 #[cfg(madsim)]
 use super::simulated::GroupConsumer;
-use super::{ClientRole, KafkaSettings};
+use crate::storage::kafka::KafkaSettings;
 use crate::storage::log::AppendItem;
 use crate::storage::ports::{
     BoxFut, BrokerMetrics, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, StorageError,
