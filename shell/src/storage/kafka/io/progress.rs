@@ -1109,11 +1109,11 @@ mod tests {
     #[test]
     fn a_resolution_deletes_the_replayed_record_only() {
         let lost = dead_letter(7, "lost");
-        let lost_id = super::dlq::record_id(&lost.record);
+        let lost_id = super::super::dlq::record_id(&lost.record);
         let other = dead_letter(9, "other");
         let mut replayed = BTreeMap::new();
         replayed.insert(lost.key.clone(), lost_id.clone());
-        replayed.insert(other.key.clone(), super::dlq::record_id(&other.record));
+        replayed.insert(other.key.clone(), super::super::dlq::record_id(&other.record));
         let unknown_key = dead_letter(8, "x").key;
         let (out, unknown) = resolutions(&replayed, &[lost.key.clone(), unknown_key.clone()]);
         assert_eq!(out, vec![(lost.key.clone(), lost_id)]);
