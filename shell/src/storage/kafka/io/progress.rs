@@ -1113,7 +1113,10 @@ mod tests {
         let other = dead_letter(9, "other");
         let mut replayed = BTreeMap::new();
         replayed.insert(lost.key.clone(), lost_id.clone());
-        replayed.insert(other.key.clone(), super::super::dlq::record_id(&other.record));
+        replayed.insert(
+            other.key.clone(),
+            super::super::dlq::record_id(&other.record),
+        );
         let unknown_key = dead_letter(8, "x").key;
         let (out, unknown) = resolutions(&replayed, &[lost.key.clone(), unknown_key.clone()]);
         assert_eq!(out, vec![(lost.key.clone(), lost_id)]);
