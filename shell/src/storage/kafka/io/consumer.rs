@@ -161,10 +161,13 @@ impl GroupConsumer {
             .subscribe(&[topic.as_str()])
             .map_err(|e| format!("cannot subscribe group {group} to {topic}: {e}"))?;
         // Every line the thread logs (rebalances included) carries its group and topic.
-        let span = tracing::info_span!("kafka_consumer", group = %group, topic = %topic);
+        let (g, t) = (group.clone(), topic.clone());
         let thread = std::thread::Builder::new()
             .name(format!("kafka-{group}"))
-            .spawn(move || span.in_scope(|| run(consumer)))
+            .spawn(move || {
+                let span = tracing::info_span!("kafka_consumer", group = %g, topic = %t);
+                span.in_scope(|| run(consumer))
+            })
             .map_err(|e| format!("cannot start the consumer thread: {e}"))?;
         tracing::info!(%group, %topic, "Kafka consumer joined the group");
         Ok(Self {
