@@ -734,15 +734,7 @@ impl KafkaState {
             let Some(topic) = topic else {
                 return Ok(super::dlq::Ledger::default());
             };
-            #[cfg(madsim)]
-            return super::dlq::list(&log, &group, &topic)
-                .await
-                .map_err(StorageError::unavailable);
-            #[cfg(not(madsim))]
-            tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic))
-                .await
-                .map_err(|e| StorageError::failed("DLQ read failed", e))?
-                .map_err(StorageError::unavailable)
+            super::dlq::ledger(log, group, topic).await
         })
     }
 }
