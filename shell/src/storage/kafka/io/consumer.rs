@@ -152,6 +152,7 @@ impl GroupConsumer {
         };
         let consumer: BaseConsumer<GroupContext> = log
             .inner
+            .side
             .runtime
             .block_on_outside(config.create_with_context(ctx))
             .map_err(|e| format!("cannot create the Kafka consumer of group {group}: {e}"))?;
@@ -485,6 +486,7 @@ impl GroupContext {
             }
             match log
                 .inner
+                .side
                 .runtime
                 .block_on(super::progress::claim(log, claims, gen))
             {
@@ -509,6 +511,7 @@ impl GroupContext {
             match self
                 .log
                 .inner
+                .side
                 .runtime
                 .block_on(EpochProbe::new(self.log.settings()))
             {
@@ -560,7 +563,7 @@ impl GroupContext {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
-            let read = log.inner.runtime.block_on(async {
+            let read = log.inner.side.runtime.block_on(async {
                 let marker = sync_marker(log).await?;
                 log.inner
                     .progress
@@ -795,7 +798,7 @@ fn nudge_or_settle(ctx: &GroupContext, verdict: Verdict) {
                     .set("client.id", format!("{}-{group}-nudge", s.instance))
                     .set("enable.auto.commit", "false")
                     .set("statistics.interval.ms", "0");
-                match ctx.log.inner.runtime.block_on_outside(
+                match ctx.log.inner.side.runtime.block_on_outside(
                     config.create_with_context(ClientLog::new(format!("nudge {group}"))),
                 ) {
                     Ok(c) => *slot = Some(c),
@@ -852,6 +855,7 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         (true, None) => ctx
             .log
             .inner
+            .side
             .runtime
             .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
             .ok()
@@ -987,7 +991,7 @@ fn read_offsets(log: &KafkaLog, topic: &TopicName, p: Partition) -> Result<Span,
         if attempt > 0 {
             std::thread::sleep(Duration::from_millis(100 << attempt));
         }
-        match log.inner.runtime.block_on(log.watermarks(topic, p)) {
+        match log.inner.side.runtime.block_on(log.watermarks(topic, p)) {
             Ok(pair) => return Ok(pair),
             Err(e) => last = e,
         }
@@ -1003,7 +1007,7 @@ fn validate(
     partition: Partition,
     v: Validate,
 ) -> Result<(Option<Span>, Option<Span>), String> {
-    let runtime = &ctx.log.inner.runtime;
+    let runtime = &ctx.log.inner.side.runtime;
     let (earliest, claimed) = match v.range {
         Some(r) => r,
         None => runtime
@@ -1065,6 +1069,7 @@ fn evident(
         *probe = Some(
             ctx.log
                 .inner
+                .side
                 .runtime
                 .block_on(EpochProbe::new(ctx.log.settings()))?,
         );
@@ -1295,6 +1300,7 @@ fn expire_fetches(ctx: &GroupContext) {
             let read = ctx
                 .log
                 .inner
+                .side
                 .runtime
                 .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
                 .ok();

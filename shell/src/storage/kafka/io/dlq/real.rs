@@ -40,7 +40,7 @@ pub async fn ledger(
 fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, String> {
     let s = log.settings();
     let name = dlq_topic(topic.as_str(), group.as_str());
-    let runtime = &log.inner.runtime;
+    let runtime = &log.inner.side.runtime;
     let mut c = s.client_config(ClientRole::Consumer);
     c.set("group.id", format!("{}dlq-reader", s.group_prefix))
         .set("enable.auto.commit", "false")
