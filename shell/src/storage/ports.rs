@@ -28,6 +28,16 @@ pub type RecentAppends = Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, Stor
 
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+/// [`LogPort::offset_for_time`] of a log that keeps no append times: its refusal (the
+/// trait's default, and the simulated Kafka log's).
+pub fn no_append_times(topic: TopicName) -> BoxFut<Result<Offset, StorageError>> {
+    Box::pin(async move {
+        Err(StorageError::Invalid(format!(
+            "the log of topic {topic} keeps no append times: seek by offset"
+        )))
+    })
+}
+
 /// What a fetch found, before decoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogRead {
@@ -271,11 +281,7 @@ pub trait LogPort: Send + Sync + 'static {
         _partition: Partition,
         _time_ms: u64,
     ) -> BoxFut<Result<Offset, StorageError>> {
-        Box::pin(async move {
-            Err(StorageError::Invalid(format!(
-                "the log of topic {topic} keeps no append times: seek by offset"
-            )))
-        })
+        no_append_times(topic)
     }
 
     /// Applies retention as of the log's own clock (the one that stamped its records);

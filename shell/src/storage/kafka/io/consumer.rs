@@ -472,6 +472,7 @@ impl GroupContext {
             }
             match log
                 .inner
+                .side
                 .runtime
                 .block_on(super::progress::claim(log, claims, gen))
             {
@@ -496,6 +497,7 @@ impl GroupContext {
             match self
                 .log
                 .inner
+                .side
                 .runtime
                 .block_on(EpochProbe::new(self.log.settings()))
             {
@@ -547,7 +549,7 @@ impl GroupContext {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
-            let read = log.inner.runtime.block_on(async {
+            let read = log.inner.side.runtime.block_on(async {
                 let marker = sync_marker(log).await?;
                 log.inner
                     .progress
@@ -840,6 +842,7 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         (true, None) => ctx
             .log
             .inner
+            .side
             .runtime
             .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
             .ok()
@@ -975,7 +978,7 @@ fn read_offsets(log: &KafkaLog, topic: &TopicName, p: Partition) -> Result<Span,
         if attempt > 0 {
             std::thread::sleep(Duration::from_millis(100 << attempt));
         }
-        match log.inner.runtime.block_on(log.watermarks(topic, p)) {
+        match log.inner.side.runtime.block_on(log.watermarks(topic, p)) {
             Ok(pair) => return Ok(pair),
             Err(e) => last = e,
         }
@@ -991,7 +994,7 @@ fn validate(
     partition: Partition,
     v: Validate,
 ) -> Result<(Option<Span>, Option<Span>), String> {
-    let runtime = &ctx.log.inner.runtime;
+    let runtime = &ctx.log.inner.side.runtime;
     let (earliest, claimed) = match v.range {
         Some(r) => r,
         None => runtime
@@ -1053,6 +1056,7 @@ fn evident(
         *probe = Some(
             ctx.log
                 .inner
+                .side
                 .runtime
                 .block_on(EpochProbe::new(ctx.log.settings()))?,
         );
@@ -1283,6 +1287,7 @@ fn expire_fetches(ctx: &GroupContext) {
             let read = ctx
                 .log
                 .inner
+                .side
                 .runtime
                 .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
                 .ok();

@@ -103,7 +103,7 @@ impl KafkaLog {
     /// The group coordinator this log's group consumers join (the simulated broker has
     /// none). Set once, before the engine joins a group.
     pub fn set_coordinator(&self, coordinator: Arc<dyn SimCoordinator>) {
-        let _ = self.inner.coordinator.set(coordinator);
+        let _ = self.inner.side.coordinator.set(coordinator);
     }
 }
 
@@ -176,7 +176,7 @@ impl GroupConsumer {
         topic: TopicName,
         events: mpsc::Sender<GroupEvent>,
     ) -> Result<Self, String> {
-        let coordinator = log.inner.coordinator.get().cloned().ok_or_else(|| {
+        let coordinator = log.inner.side.coordinator.get().cloned().ok_or_else(|| {
             "no group coordinator: a simulation sets one with KafkaLog::set_coordinator".to_owned()
         })?;
         let shared = Arc::new(Shared {

@@ -41,7 +41,7 @@ pub fn watch(
     .set("enable.auto.commit", "false")
     .set("enable.partition.eof", "false")
     .set("auto.offset.reset", "earliest");
-    let runtime = log.inner.runtime.clone();
+    let runtime = log.inner.side.runtime.clone();
     let consumer: LoggedConsumer = super::log::block_on(
         &runtime,
         c.create_with_context(ClientLog::new("subscriptions reader")),

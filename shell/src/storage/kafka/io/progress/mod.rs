@@ -85,12 +85,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-#[cfg(not(madsim))]
-use std::time::Instant;
 
 use super::client_log::{ClientLog, LoggedConsumer};
+// librdkafka's consumer has `assign` and the metadata and offset requests as methods of
+// its `Consumer` trait; the simulated consumer has them as its own.
 #[cfg(not(madsim))]
-use madsim_rdkafka::consumer::Consumer;
+use madsim_rdkafka::consumer::Consumer as _;
 use madsim_rdkafka::producer::FutureRecord;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
@@ -110,6 +110,16 @@ use crate::storage::ports::{BoxFut, StatePort, StorageError};
 use crate::storage::state::codec::encode_subscription;
 use crate::storage::state::StoreAdapter;
 use crate::storage::state::{DlqEntry, Loaded};
+
+#[cfg(not(madsim))]
+mod real;
+#[cfg(madsim)]
+mod sim;
+
+#[cfg(not(madsim))]
+use real::Position;
+#[cfg(madsim)]
+use sim::Position;
 
 /// The partition of the progress topic every progress record is written to (see the
 /// module documentation: a key must never be in two partitions).
@@ -200,7 +210,6 @@ pub(super) struct Stamp {
     pub gen: OwnerGen,
     /// The leader epoch of the lane's position (a header; `epochs.rs`). Always `None`
     /// under madsim, whose broker has neither.
-    #[cfg_attr(madsim, allow(dead_code))]
     pub leader_epoch: Option<i32>,
     /// Keys of the lane's older records, to delete after this write.
     pub stale: Vec<String>,
@@ -325,10 +334,9 @@ struct ReaderState {
     /// The same, of the other partitions (records placed by a partitioner): a lane's
     /// are used only while it has none in `view`.
     strays: BTreeMap<String, BTreeMap<OwnerGen, Stored>>,
-    /// Under madsim (whose consumer has no `position`): the next offset to read, per
-    /// partition.
-    #[cfg(madsim)]
-    next: BTreeMap<i32, i64>,
+    /// How far the topic was read: the consumer's own `position` (`real.rs`), or under
+    /// madsim, whose consumer has none, the next offset to read per partition (`sim.rs`).
+    position: Position,
 }
 
 impl ReaderState {
@@ -481,15 +489,6 @@ impl ProgressReader {
         mark(&mut o.reached, lane.checkpoint.progress.watermark())
     }
 
-    /// The lane's position reached a record of leader epoch `epoch`: later progress
-    /// records of the lane are stamped with it (epochs only rise; `epochs.rs`).
-    #[cfg(not(madsim))]
-    pub fn observe_epoch(&self, group: &GroupName, partition: Partition, epoch: i32) {
-        if let Some(o) = lock(&self.owners).get_mut(&(group.clone(), partition)) {
-            o.leader_epoch = Some(o.leader_epoch.map_or(epoch, |e| e.max(epoch)));
-        }
-    }
-
     /// This instance no longer owns these partitions: a checkpoint of them fails.
     pub fn release(&self, group: &GroupName, partitions: &[Partition]) {
         let mut owners = lock(&self.owners);
@@ -602,74 +601,6 @@ impl ProgressReader {
         }
         self.read_up_to(st, &highs).await
     }
-
-    /// Reads until every partition's position reaches `highs`.
-    #[cfg(not(madsim))]
-    async fn read_up_to(
-        &self,
-        st: &mut ReaderState,
-        highs: &BTreeMap<i32, i64>,
-    ) -> Result<(), String> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let caught_up = match self.consumer.position() {
-                Ok(pos) => highs.iter().all(|(&p, &hi)| {
-                    hi <= 0
-                        || pos
-                            .find_partition(&self.topic, p)
-                            .is_some_and(|e| matches!(e.offset(), KOffset::Offset(o) if o >= hi))
-                }),
-                Err(_) => false,
-            };
-            if caught_up {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the progress topic could not be read to its end within {:?}",
-                    self.timeout
-                ));
-            }
-            match self.consumer.poll(Duration::from_millis(20)) {
-                None => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "progress topic read error"),
-                Some(Ok(m)) => st.take(&m),
-            }
-        }
-    }
-
-    /// Reads until every partition's next offset reaches `highs` (the simulated consumer
-    /// has no `position`: the offsets of what it returned tell it).
-    #[cfg(madsim)]
-    async fn read_up_to(
-        &self,
-        st: &mut ReaderState,
-        highs: &BTreeMap<i32, i64>,
-    ) -> Result<(), String> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        loop {
-            let caught_up = highs
-                .iter()
-                .all(|(p, &hi)| hi <= 0 || st.next.get(p).is_some_and(|&n| n >= hi));
-            if caught_up {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(format!(
-                    "the progress topic could not be read to its end within {:?}",
-                    self.timeout
-                ));
-            }
-            match self.consumer.poll(Duration::from_millis(20)).await {
-                None => tokio::time::sleep(Duration::from_millis(5)).await,
-                Some(Err(e)) => tracing::warn!(error = %e, "progress topic read error"),
-                Some(Ok(m)) => {
-                    st.next.insert(m.partition(), m.offset() + 1);
-                    st.take(&m);
-                }
-            }
-        }
-    }
 }
 
 /// The state port of the Kafka backend. Shared by every instance, in Kafka: lane
@@ -734,15 +665,7 @@ impl KafkaState {
             let Some(topic) = topic else {
                 return Ok(super::dlq::Ledger::default());
             };
-            #[cfg(madsim)]
-            return super::dlq::list(&log, &group, &topic)
-                .await
-                .map_err(StorageError::unavailable);
-            #[cfg(not(madsim))]
-            tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic))
-                .await
-                .map_err(|e| StorageError::failed("DLQ read failed", e))?
-                .map_err(StorageError::unavailable)
+            super::dlq::ledger(log, group, topic).await
         })
     }
 }
@@ -1022,7 +945,11 @@ impl ReaderState {
 mod tests {
     use super::*;
 
-    fn checkpoint(watermark: u64, ranges: &[(u64, u64)], attempts: &[(u64, u32)]) -> Checkpoint {
+    pub(super) fn checkpoint(
+        watermark: u64,
+        ranges: &[(u64, u64)],
+        attempts: &[(u64, u32)],
+    ) -> Checkpoint {
         Checkpoint {
             progress: Progress::from_parts(watermark, ranges.iter().copied()).expect("valid"),
             attempts: attempts.to_vec(),
@@ -1216,45 +1143,5 @@ mod tests {
             .chosen("g", "t", 0, Some(8), None)
             .expect("the lane has records");
         assert!(chosen.stale.is_empty(), "{:?}", chosen.stale);
-    }
-
-    /// Goal: a progress record's leader-epoch header is what the lane resumes with, and
-    /// only a well-formed one. Method: records with the header, without it, and with a
-    /// malformed one, read through `take` as the reader reads the topic.
-    #[cfg(not(madsim))]
-    #[test]
-    fn a_progress_records_leader_epoch_is_read_with_it() {
-        use madsim_rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
-        use madsim_rdkafka::Timestamp;
-        let msg = |gen, epoch: Option<&str>, watermark| {
-            let headers = epoch.map(|e| {
-                OwnedHeaders::new().insert(Header {
-                    key: LEADER_EPOCH_HEADER,
-                    value: Some(e.as_bytes()),
-                })
-            });
-            OwnedMessage::new(
-                Some(checkpoint(watermark, &[], &[]).encode()),
-                Some(progress_key("g", "t", 0, gen).into_bytes()),
-                "unimesh.progress".to_owned(),
-                Timestamp::NotAvailable,
-                HOME_PARTITION,
-                0,
-                headers,
-            )
-        };
-        let read = |st: &ReaderState| {
-            let c = st.chosen("g", "t", 0, Some(2), None).expect("a record");
-            (c.checkpoint.map(|c| c.progress.watermark()), c.leader_epoch)
-        };
-        let mut st = ReaderState::default();
-        st.take(&msg(Some(1), Some("4"), 10));
-        assert_eq!(read(&st), (Some(10), Some(4)));
-        st.take(&msg(Some(2), None, 12));
-        assert_eq!(read(&st), (Some(12), None));
-        st.take(&msg(Some(2), Some("-3"), 13));
-        assert_eq!(read(&st), (Some(13), None));
-        st.take(&msg(Some(2), Some("7"), 14));
-        assert_eq!(read(&st), (Some(14), Some(7)));
     }
 }
