@@ -58,6 +58,12 @@ impl Tracker {
         self.out.insert(id, Out { key, closed: None });
     }
 
+    /// How many deliveries the mesh handed out that have not reached a request yet (a
+    /// poll's answer, a push) nor gone back.
+    pub fn outstanding(&self) -> usize {
+        self.out.len()
+    }
+
     /// The mesh took a poll's credit: `max` 0 ends the poll, so what it was handed is due.
     pub fn credit(&mut self, group: &GroupName, client: &ClientId, max: u32, now: Duration) {
         if max > 0 {

@@ -366,6 +366,16 @@ impl World {
         }
     }
 
+    /// Deliveries handed out, over every node, that have not reached a request yet (see
+    /// [`crate::tracker::Tracker::outstanding`]).
+    pub fn handed_out(&self) -> usize {
+        self.lock()
+            .nodes
+            .iter()
+            .map(|n| n.tracker.outstanding())
+            .sum()
+    }
+
     /// Deliveries the mesh handed to a finished poll that neither reached a client nor
     /// went back (checked also at every observation).
     pub fn check_stranded(&self, final_check: bool) {
