@@ -387,10 +387,75 @@ fn a_checkpoint_read_back_after_its_dead_letter_was_resolved_is_justified() {
         c1.persist_emitted(1, &epoch).unwrap();
         c1.persist_applied(1, &epoch).unwrap();
         let cp = &done.checkpoints[0].checkpoint;
-        c1.read_back(&group(), 0, cp, Some((0, late, &done, 0)))
+        c1.read_back(&group(), 0, cp, Some((0, 1, late, &done, 0)))
     };
     judged(true).unwrap();
     let v = judged(false).unwrap_err();
     assert_eq!(v.clause, Clause::C1, "{v}");
     assert!(v.message.contains("offset 0 made durable as done"), "{v}");
+}
+
+/// Goal: a checkpoint read back is judged as the one its writer's incarnation wrote: tickets
+/// count again from 1 in every incarnation (Kafka shape seed 5794 judged a record of the
+/// writer's third incarnation as the same-numbered, older record of its second, outranked
+/// since, and failed C3 on a correct mesh). Method: instance 0 writes persist 3 in two
+/// incarnations, each reported failed but landed; the second is read back by a third
+/// incarnation, after the second incarnation's own checkpoint made the first outranked.
+#[test]
+fn a_read_back_names_its_persist_by_incarnation_and_ticket() {
+    let lane = |attempts: Vec<(u64, u32)>| PersistBatch {
+        checkpoints: vec![LaneCheckpoint {
+            group: group(),
+            topic: topic(),
+            partition: 0,
+            checkpoint: Checkpoint {
+                progress: Progress::new(0),
+                attempts,
+            },
+        }],
+        ..PersistBatch::default()
+    };
+    let incarnation = |c: &mut Checker, epoch: u32, late: &PersistBatch| {
+        let begin = PersistBatch {
+            epoch: Some(epoch),
+            ..PersistBatch::default()
+        };
+        let c0 = c.instance(0);
+        c0.started(0, epoch).unwrap();
+        c0.persist_emitted(1, &begin).unwrap();
+        c0.persist_applied(1, &begin).unwrap();
+        c0.persist_notified(1);
+        c0.assigned(&group(), 0);
+        let durable = lane(vec![]);
+        c0.persist_emitted(2, &durable).unwrap();
+        c0.persist_applied(2, &durable).unwrap();
+        c0.persist_notified(2);
+        c0.persist_emitted(3, late).unwrap();
+        c0.persist_failed_partly(3, late);
+        c0.crashed(0);
+    };
+    let mut c = Checker::default();
+    c.add_group(&SubscriptionSpec::new(group(), topic()));
+    c.published(&topic(), 0, &record(0, "e0")).unwrap();
+    let first = lane(vec![(0, 1)]);
+    let second = lane(vec![(0, 2)]);
+    incarnation(&mut c, 1, &first);
+    incarnation(&mut c, 2, &second);
+    let begin = PersistBatch {
+        epoch: Some(3),
+        ..PersistBatch::default()
+    };
+    let c0 = c.instance(0);
+    c0.started(0, 3).unwrap();
+    c0.persist_emitted(1, &begin).unwrap();
+    c0.persist_applied(1, &begin).unwrap();
+    let cp = &second.checkpoints[0].checkpoint;
+    c0.read_back(&group(), 0, cp, Some((0, 2, 3, &second, 0)))
+        .unwrap();
+    // The first incarnation's record is outranked by the second's durable checkpoint.
+    let cp = &first.checkpoints[0].checkpoint;
+    let v = c0
+        .read_back(&group(), 0, cp, Some((0, 1, 3, &first, 0)))
+        .unwrap_err();
+    assert_eq!(v.clause, Clause::C3, "{v}");
 }

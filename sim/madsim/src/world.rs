@@ -119,9 +119,12 @@ struct Node {
     /// The live incarnation's log port (what a graceful stop closes first).
     log: Option<Arc<dyn LogPort>>,
     incarnations: u32,
-    /// The last batches made durable (address, ticket, the batch: held so the address is
-    /// not reused), to name the persist a record a reader took came from.
-    written: VecDeque<(usize, Ticket, Arc<PersistBatch>)>,
+    /// The checker's number of the live (or last) incarnation: tickets count again from 1
+    /// in each, so a persist is named by both.
+    incarnation: u32,
+    /// The last batches made durable (address, incarnation, ticket, the batch: held so the
+    /// address is not reused), to name the persist a record a reader took came from.
+    written: VecDeque<(usize, u32, Ticket, Arc<PersistBatch>)>,
     /// How long the node was paused so far, and since when it is paused now.
     paused_for: Duration,
     paused_since: Option<Instant>,
@@ -459,9 +462,11 @@ impl World {
         let elapsed = self.origin.elapsed();
         let mut w = self.lock();
         w.incarnations += 1;
+        let incarnation = w.incarnations;
         let Some(n) = w.nodes.get_mut(node) else {
             return;
         };
+        n.incarnation = incarnation;
         let base = n.clock.last_ms.max(at(elapsed) + 1);
         n.clock.base_ms = base;
         n.clock.started = Some(Instant::now());
@@ -573,7 +578,8 @@ impl World {
         if n.written.len() >= WRITTEN_KEPT {
             n.written.pop_front();
         }
-        n.written.push_back((key, ticket, held));
+        let incarnation = n.incarnation;
+        n.written.push_back((key, incarnation, ticket, held));
         let fenced = outranked.iter().filter(|&&o| o).count() as u64;
         w.note(node, t, "durable", [ticket, fenced, 0, 0]);
         // The state port's contract: batches are handed over in ticket order, one at a time.
@@ -864,19 +870,26 @@ impl Inner {
         let source = source.and_then(|(writer, batch, index)| {
             let key = Arc::as_ptr(&batch) as usize;
             let w = self.nodes.get(writer)?;
-            let ticket = w.persisting.get(&key).map(|(t, _)| *t).or_else(|| {
-                w.written
-                    .iter()
-                    .find(|(k, _, _)| *k == key)
-                    .map(|(_, t, _)| *t)
-            })?;
-            Some((writer as u32, ticket, batch, index))
+            // Queued batches are the live incarnation's (a kill clears them).
+            let (incarnation, ticket) = w
+                .persisting
+                .get(&key)
+                .map(|(t, _)| (w.incarnation, *t))
+                .or_else(|| {
+                    w.written
+                        .iter()
+                        .find(|(k, _, _, _)| *k == key)
+                        .map(|(_, i, t, _)| (*i, *t))
+                })?;
+            Some((writer as u32, incarnation, ticket, batch, index))
         });
         self.checker.instance(node as u32).read_back(
             group,
             partition,
             checkpoint,
-            source.as_ref().map(|(w, t, b, i)| (*w, *t, b.as_ref(), *i)),
+            source
+                .as_ref()
+                .map(|(w, n, t, b, i)| (*w, *n, *t, b.as_ref(), *i)),
         )
     }
 
@@ -1072,7 +1085,8 @@ impl Inner {
                         if n.written.len() >= WRITTEN_KEPT {
                             n.written.pop_front();
                         }
-                        n.written.push_back((key, *ticket, batch));
+                        let incarnation = n.incarnation;
+                        n.written.push_back((key, incarnation, *ticket, batch));
                     }
                     None => self.checker.persist_failed(*ticket),
                 }

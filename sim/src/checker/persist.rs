@@ -106,7 +106,7 @@ impl Checker {
                 continue;
             };
             if !counts(i) {
-                self.keep_unread(c, lane, em.instance, ticket, i, em.world_seq);
+                self.keep_unread(c, lane, em.instance, key, i, em.world_seq);
                 continue;
             }
             if let Some(fresh) = self.apply_checkpoint(c, lane, em.instance, em.world_seq)? {
@@ -124,7 +124,8 @@ impl Checker {
     /// C3 for a store that fences at read: the selected instance resumes `group/p` from
     /// `checkpoint`, as it read it from the store (called before [`Checker::assigned`]),
     /// and the harness knows which record that was (`source`: written by checkpoint
-    /// `index` of persist `ticket` of instance `writer`; `None` when it cannot tell, e.g. a
+    /// `index` of persist `ticket` of incarnation `incarnation` of instance `writer`:
+    /// `(writer, incarnation, ticket, batch, index)`; `None` when it cannot tell, e.g. a
     /// resume from the committed offset). A record the checker did not apply — one of a
     /// batch not yet durable as a whole (its record landed first), or one the store holds
     /// below another ([`Checker::persist_applied_outranked`]) — is taken only when nothing
@@ -137,7 +138,7 @@ impl Checker {
         group: &GroupName,
         p: Partition,
         checkpoint: &Checkpoint,
-        source: Option<(super::Instance, Ticket, &PersistBatch, usize)>,
+        source: Option<(super::Instance, u32, Ticket, &PersistBatch, usize)>,
     ) -> Check {
         let reader = self.current;
         let durable = self
@@ -148,12 +149,17 @@ impl Checker {
         if durable == Some(checkpoint) {
             return Ok(());
         }
-        let Some((writer, ticket, batch, index)) = source else {
+        let Some((writer, incarnation, ticket, batch, index)) = source else {
             return Ok(());
         };
         let unread = self.unread.get(&(group.clone(), p)).and_then(|held| {
             held.iter()
-                .find(|u| u.instance == writer && u.ticket == ticket && u.index == index)
+                .find(|u| {
+                    u.instance == writer
+                        && u.incarnation == incarnation
+                        && u.ticket == ticket
+                        && u.index == index
+                })
                 .cloned()
         });
         let result = match unread {
@@ -165,25 +171,23 @@ impl Checker {
                 .map(|_| ()),
             None => {
                 self.current = writer;
-                self.persist_lane_applied(ticket, batch, index)
+                self.persist_lane_applied((incarnation, ticket), batch, index)
             }
         };
         self.current = reader;
         result
     }
 
-    /// Checkpoint `index` of `ticket` of the selected instance, emitted and not yet durable
-    /// as a whole, was read by a reader (a store that fences at read: its record landed
-    /// before the rest of the batch): judged as [`Checker::read_back`] says and applied
-    /// now; the batch's own apply leaves it out.
+    /// Checkpoint `index` of persist `key` (incarnation, ticket) of the selected instance,
+    /// emitted and not yet durable as a whole, was read by a reader (a store that fences at
+    /// read: its record landed before the rest of the batch): judged as
+    /// [`Checker::read_back`] says and applied now; the batch's own apply leaves it out.
     fn persist_lane_applied(
         &mut self,
-        ticket: Ticket,
+        key: (u32, Ticket),
         batch: &PersistBatch,
         index: usize,
     ) -> Check {
-        let incarnation = self.node().incarnation;
-        let key = (incarnation, ticket);
         let Some(mut em) = self.emitted.remove(&key) else {
             // Applied and notified already (and not outranked): nothing to take back.
             return Ok(());
@@ -562,20 +566,20 @@ impl Checker {
         };
         for (i, (c, lane)) in batch.checkpoints.iter().zip(em.lanes.iter()).enumerate() {
             if let Some(lane) = lane.as_ref() {
-                self.keep_unread(c, lane, em.instance, ticket, i, em.world_seq);
+                self.keep_unread(c, lane, em.instance, (incarnation, ticket), i, em.world_seq);
             }
         }
     }
 
-    /// Keeps checkpoint `index` of `ticket` of `instance`, which the checker did not apply,
-    /// for a reader that takes it ([`Checker::read_back`]); the oldest kept of the lane goes
-    /// when it holds [`UNREAD_PER_LANE`].
+    /// Keeps checkpoint `index` of persist `key` (incarnation, ticket) of `instance`, which
+    /// the checker did not apply, for a reader that takes it ([`Checker::read_back`]); the
+    /// oldest kept of the lane goes when it holds [`UNREAD_PER_LANE`].
     fn keep_unread(
         &mut self,
         c: &LaneCheckpoint,
         lane: &EmittedLane,
         instance: super::Instance,
-        ticket: Ticket,
+        (incarnation, ticket): (u32, Ticket),
         index: usize,
         world_seq: u64,
     ) {
@@ -590,6 +594,7 @@ impl Checker {
             checkpoint: c.clone(),
             lane: lane.clone(),
             instance,
+            incarnation,
             ticket,
             index,
             world_seq,

@@ -383,7 +383,9 @@ pub(super) struct Unread {
     pub(super) checkpoint: unimesh_core::LaneCheckpoint,
     pub(super) lane: EmittedLane,
     pub(super) instance: Instance,
-    /// The persist it was in, and its position there.
+    /// The persist it was in (tickets count again in every incarnation), and its position
+    /// there.
+    pub(super) incarnation: u32,
     pub(super) ticket: unimesh_core::Ticket,
     pub(super) index: usize,
     pub(super) world_seq: u64,
