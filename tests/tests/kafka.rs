@@ -227,6 +227,40 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
     );
 }
 
+/// Goal: a restart serves the groups the subscriptions topic holds, never a copy the
+/// node's local store kept (docs/DESIGN.md §8, "A state batch on Kafka is durable as
+/// one"). Method: a group is defined on an instance whose subscriptions topic is `subs-a`;
+/// the instance stops and starts again on the same data directory with `subs-b`, which
+/// holds no record of the group — what the topic says after a deletion whose tombstone
+/// compaction has since removed, or after a batch that reached the topic and not the
+/// local store. The group is unknown from the first request (the old code recovered it
+/// from the local copy, and no record of the topic ever took it away).
+#[test]
+fn a_restart_takes_its_groups_from_the_subscriptions_topic() {
+    let broker = Broker::start();
+    let toml = |topic: &str| {
+        broker
+            .server_options("one", 1)
+            .toml(&format!("subscriptions_topic = \"{topic}\"\n"))
+    };
+    let mut server = Server::start(toml("subs-a"));
+    server.subscribe("kept", &json!({"topic": "t", "startFrom": "earliest"}));
+    server.get("/v1/subscriptions/kept").expect(200);
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+
+    server.restart_with(toml("subs-b"));
+    server
+        .get("/v1/subscriptions/kept")
+        .expect_error(404, "unknown-group");
+
+    // And back on `subs-a`, which holds it: served from the first request.
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+    server.restart_with(toml("subs-a"));
+    server.get("/v1/subscriptions/kept").expect(200);
+}
+
 /// Goal: a late progress write of a replaced owner (a zombie) never replaces the progress
 /// of the lane's later owner (docs/DESIGN.md §8; shell/src/storage/kafka/progress.rs). Method: a
 /// group ACKs records 0..3 of 10 and stops gracefully (its progress record says 3, under

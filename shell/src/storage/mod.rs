@@ -151,10 +151,27 @@ impl Backend {
                     return Ok(None);
                 }
                 log.spawn_offsets_refresh(start.offsets_refresh);
-                let state = KafkaState::new(local, log.clone());
+                // Recovery takes the definitions from the topic, never from a local copy.
+                let definitions = read_definitions(&log)
+                    .await
+                    .map_err(|e| format!("cannot read the subscriptions topic: {e}"))?;
+                let state = KafkaState::new(local, log.clone(), definitions);
                 Ok(Some(Opened::Kafka { log, state }))
             }
         }
+    }
+}
+
+/// The subscriptions topic's definitions (`kafka::definitions`), off the async workers.
+async fn read_definitions(log: &KafkaLog) -> Result<Vec<unimesh_core::SubscriptionSpec>, String> {
+    #[cfg(madsim)]
+    return kafka::definitions(log).await;
+    #[cfg(not(madsim))]
+    {
+        let log = log.clone();
+        spawn_blocking(move || kafka::definitions(&log))
+            .await
+            .map_err(|e| format!("the read failed: {e}"))?
     }
 }
 

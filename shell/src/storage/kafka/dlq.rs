@@ -22,25 +22,16 @@
 //! written before records were told apart) is read as the record with an empty id.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
-#[cfg(not(madsim))]
-use std::time::Instant;
 
-use super::client_log::{ClientLog, LoggedConsumer};
 use bytes::Bytes;
-#[cfg(not(madsim))]
-use madsim_rdkafka::consumer::Consumer;
-#[cfg(not(madsim))]
-use madsim_rdkafka::error::KafkaError;
 use madsim_rdkafka::producer::FutureRecord;
-use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
+use madsim_rdkafka::Message;
 use unimesh_core::{
     DeadLetter, DlqKey, GroupName, Offset, Partition, Record, RecordMeta, TopicName,
 };
 
 use super::log::KafkaLog;
 use super::records::{incoming, Outgoing};
-use super::ClientRole;
 use crate::event::STRUCTURED_MEDIA_TYPE;
 use crate::storage::state::DlqEntry;
 
@@ -194,153 +185,39 @@ impl Ledger {
     }
 }
 
-/// The dead letters of `group` (reading `topic`): the topic read to its end. Blocking:
-/// run it off the async workers.
-///
-/// "Its end" is where this reader's own fetches reached the end of every partition
-/// (librdkafka's partition EOF, from the high watermark of a fetch answer this reader,
-/// made for this read, asked for), and at least the end the broker claims: a claimed end
-/// alone is not evidence (tansu 0.6.0 claims the start of a partition's last batch plus
-/// one, and a browse stopped there showed 6 of 10 entries; issue 18).
+/// Who reads a DLQ topic ([`super::whole::read`]).
+const READER: super::whole::Reader<'static> = super::whole::Reader {
+    role: "DLQ reader",
+    group_id: "dlq-reader",
+    what: "DLQ topic",
+};
+
+/// The dead letters of `group` (reading `topic`): the topic read to its end
+/// ([`super::whole`]). Blocking: run it off the async workers. A topic the broker does not
+/// have: nothing was ever dead-lettered for the group.
 #[cfg(not(madsim))]
 pub(super) fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, String> {
-    let s = log.settings();
     let name = dlq_topic(topic.as_str(), group.as_str());
-    let runtime = &log.inner.runtime;
-    let mut c = s.client_config(ClientRole::Consumer);
-    c.set("group.id", format!("{}dlq-reader", s.group_prefix))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest");
-    let consumer: LoggedConsumer = runtime
-        .block_on(c.create_with_context(ClientLog::new("DLQ reader")))
-        .map_err(|e| format!("cannot create the DLQ reader: {e}"))?;
-    let meta = runtime
-        .block_on(consumer.fetch_metadata(Some(&name), s.request_timeout))
-        .map_err(|e| format!("DLQ topic metadata: {e}"))?;
-    let n = meta
-        .topics()
-        .iter()
-        .find(|t| t.name() == name && t.error().is_none())
-        .map_or(0, |t| t.partitions().len() as i32);
-    if n == 0 {
-        // Nothing was ever dead-lettered for the group.
-        return Ok(Ledger::default());
-    }
-    let mut tpl = TopicPartitionList::new();
-    let mut highs = BTreeMap::new();
-    for p in 0..n {
-        let _ = tpl.add_partition_offset(&name, p, KOffset::Beginning);
-        let (_, hi) = runtime
-            .block_on(consumer.fetch_watermarks(&name, p, s.request_timeout))
-            .map_err(|e| format!("DLQ topic offsets: {e}"))?;
-        highs.insert(p, hi);
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| format!("cannot read the DLQ topic: {e}"))?;
     let mut ledger = Ledger::default();
-    let mut at_end = std::collections::BTreeSet::new();
-    let deadline = Instant::now() + s.request_timeout;
-    loop {
-        let past_claims = consumer.position().is_ok_and(|pos| {
-            highs.iter().all(|(&p, &hi)| {
-                hi <= 0
-                    || pos
-                        .find_partition(&name, p)
-                        .is_some_and(|e| matches!(e.offset(), KOffset::Offset(o) if o >= hi))
-            })
-        });
-        if past_claims && at_end.len() == highs.len() {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!("the DLQ topic {name} could not be read to its end"));
-        }
-        match consumer.poll(Duration::from_millis(20)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-            }
-            Some(Err(e)) => return Err(format!("DLQ topic read: {e}")),
-            Some(Ok(m)) => {
-                at_end.remove(&m.partition());
-                take(&mut ledger, &m, group, topic);
-            }
-        }
-    }
+    super::whole::read(log, &name, &READER, &mut |m| {
+        take(&mut ledger, m, group, topic)
+    })?;
     Ok(ledger)
 }
 
-/// The dead letters of `group` (reading `topic`), as [`list`] reads them, under madsim:
-/// the simulated consumer polls asynchronously and has no `position` (the offsets of what
-/// it returned tell how far it read).
+/// [`list`] under madsim.
 #[cfg(madsim)]
 pub(super) async fn list(
     log: &KafkaLog,
     group: &GroupName,
     topic: &TopicName,
 ) -> Result<Ledger, String> {
-    use madsim_tokio as tokio;
-    let s = log.settings();
     let name = dlq_topic(topic.as_str(), group.as_str());
-    let mut c = s.client_config(ClientRole::Consumer);
-    c.set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("auto.offset.reset", "earliest");
-    let consumer: LoggedConsumer = c
-        .create_with_context(ClientLog::new("DLQ reader"))
-        .await
-        .map_err(|e| format!("cannot create the DLQ reader: {e}"))?;
-    let n = match consumer
-        .fetch_metadata(Some(&name), s.request_timeout)
-        .await
-    {
-        Ok(meta) => meta
-            .topics()
-            .iter()
-            .find(|t| t.name() == name)
-            .map_or(0, |t| t.partitions().len() as i32),
-        // Nothing was ever dead-lettered for the group: the broker has no such topic.
-        Err(_) => 0,
-    };
-    if n == 0 {
-        return Ok(Ledger::default());
-    }
-    let mut tpl = TopicPartitionList::new();
-    let mut highs = BTreeMap::new();
-    for p in 0..n {
-        let _ = tpl.add_partition_offset(&name, p, KOffset::Beginning);
-        let (_, hi) = consumer
-            .fetch_watermarks(&name, p, s.request_timeout)
-            .await
-            .map_err(|e| format!("DLQ topic offsets: {e}"))?;
-        highs.insert(p, hi);
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| format!("cannot read the DLQ topic: {e}"))?;
     let mut ledger = Ledger::default();
-    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-    let deadline = tokio::time::Instant::now() + s.request_timeout;
-    loop {
-        let done = highs
-            .iter()
-            .all(|(p, &hi)| hi <= 0 || next.get(p).is_some_and(|&o| o >= hi));
-        if done {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(format!("the DLQ topic {name} could not be read to its end"));
-        }
-        let Some(polled) = consumer.poll(Duration::from_millis(20)).await else {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
-        };
-        let m = polled.map_err(|e| format!("DLQ topic read: {e}"))?;
-        next.insert(m.partition(), m.offset() + 1);
-        take(&mut ledger, &m, group, topic);
-    }
+    super::whole::read(log, &name, &READER, &mut |m| {
+        take(&mut ledger, m, group, topic)
+    })
+    .await?;
     Ok(ledger)
 }
 

@@ -46,10 +46,10 @@ mod records;
 pub mod rules;
 #[cfg(madsim)]
 mod simulated;
-#[cfg(not(madsim))]
 mod subscriptions;
 #[cfg(not(madsim))]
 mod times;
+mod whole;
 
 use std::time::Duration;
 
@@ -62,6 +62,7 @@ pub use rules::Rebalance;
 pub use simulated::{MemberId, SimCoordinator};
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;
+pub use subscriptions::{definition, definitions};
 
 /// Everything the Kafka backend needs from the configuration.
 #[derive(Clone, Debug)]
