@@ -30,9 +30,9 @@
 //!
 //! How the layers are merged, and how every error names its key and the layer it came from,
 //! is `config::load` (on `figment`). Each section checks its own values (`validate` on
-//! its type), the bounds "at least 1" by `NonZero` types where the section's readers are
-//! here (`[mesh]`, `[engine]`, `[dedup]`); [`Config::validate`] runs them all, plus the
-//! relations between sections.
+//! its type), the bounds "at least 1" by `NonZero` types (`[limits]`, `[server]`, `[push]`,
+//! `[storage]`, `[kafka]`, `[mesh]`, `[engine]`, `[dedup]`), refused as the value is read;
+//! [`Config::validate`] runs the rest, plus the relations between sections.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -154,19 +154,19 @@ impl Default for Otel {
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Body of a publish request (all its events), in bytes.
-    pub max_request_bytes: usize,
+    pub max_request_bytes: NonZeroUsize,
     /// One event (its JSON, or body plus `ce-*` headers in binary mode), in bytes.
-    pub max_event_bytes: usize,
+    pub max_event_bytes: NonZeroUsize,
     /// Events in one batch publish.
-    pub max_batch_events: usize,
+    pub max_batch_events: NonZeroUsize,
     /// Body of every other JSON request (subscription, ACK, admin), in bytes.
-    pub max_json_bytes: usize,
+    pub max_json_bytes: NonZeroUsize,
     /// Delivery ids in one ACK, NACK or extend request.
-    pub max_ids_per_request: usize,
+    pub max_ids_per_request: NonZeroUsize,
     /// Largest `max` of a long-poll.
-    pub max_poll_events: u32,
+    pub max_poll_events: NonZeroU32,
     /// `max` of a long-poll that does not give one.
-    pub default_poll_events: u32,
+    pub default_poll_events: NonZeroU32,
     /// Largest `waitMs` of a long-poll.
     pub max_wait_ms: u64,
     /// `waitMs` of a long-poll that does not give one. Not zero by default: right after a
@@ -174,17 +174,17 @@ pub struct Limits {
     /// empty array to a newcomer's first poll.
     pub default_wait_ms: u64,
     /// Largest `max` of a DLQ browse or replay.
-    pub max_dlq_page: usize,
+    pub max_dlq_page: NonZeroUsize,
     /// `max` of a DLQ browse or replay that does not give one.
-    pub default_dlq_page: usize,
+    pub default_dlq_page: NonZeroUsize,
     /// Bytes of an oversized body read and thrown away before answering 413, so a client
     /// still writing its body reads the answer instead of a connection reset. Never buffered.
     pub drain_bytes: u64,
     /// A request body must arrive within this time (408 otherwise).
-    pub body_read_timeout_ms: u64,
+    pub body_read_timeout_ms: NonZeroU64,
     /// Request/reply requests waiting for their replies at once (and timed-out ones
     /// remembered, to count late replies).
-    pub max_pending_requests: usize,
+    pub max_pending_requests: NonZeroUsize,
 }
 
 /// The HTTP servers themselves.
@@ -192,22 +192,22 @@ pub struct Limits {
 #[serde(deny_unknown_fields)]
 pub struct Server {
     /// Open connections per listener; accepting waits at the limit.
-    pub max_connections: usize,
+    pub max_connections: NonZeroUsize,
     /// After SIGINT/SIGTERM: how long open requests (long-polls included) may take to finish
     /// before their connections are closed and the engine is flushed and stopped.
     pub shutdown_grace_ms: u64,
     /// A client must send its request headers within this time.
-    pub header_read_timeout_ms: u64,
+    pub header_read_timeout_ms: NonZeroU64,
     /// Open delivery streams (SSE, WebSocket) per traffic listener, counted apart from
     /// `max_connections`: an HTTP/1.1 connection that becomes a stream gives its
     /// connection slot back, so idle streams cannot starve publishers. Over it, 503.
-    pub max_streams: usize,
+    pub max_streams: NonZeroUsize,
     /// Deliveries queued for one stream at once (its credit); `maxInFlightPerClient` still
     /// bounds what it holds unACKed.
-    pub stream_window: u32,
+    pub stream_window: NonZeroU32,
     /// A stream with nothing to send sends a heartbeat (an SSE comment, a WebSocket ping)
     /// this often.
-    pub stream_heartbeat_ms: u64,
+    pub stream_heartbeat_ms: NonZeroU64,
     /// The `retry:` an SSE stream tells its client to wait before reconnecting.
     pub stream_retry_ms: u64,
     /// The web console's feed (`/admin/events`, the page at `/ui` of the admin listener)
@@ -272,9 +272,9 @@ impl Tls {
 #[serde(deny_unknown_fields)]
 pub struct Push {
     /// Requests in flight at once per group.
-    pub max_concurrency: u32,
+    pub max_concurrency: NonZeroU32,
     /// A push not answered within this is a NACK (the group's backoff applies).
-    pub request_timeout_ms: u64,
+    pub request_timeout_ms: NonZeroU64,
     /// Where webhooks may push. Empty: public addresses only (loopback, link-local such as
     /// the cloud metadata service at 169.254.169.254, private, shared, unspecified and
     /// multicast addresses are refused). Otherwise exactly what it lists, comma-separated:
@@ -284,16 +284,16 @@ pub struct Push {
     pub allowed_hosts: String,
     /// How often the pushers are matched to the subscriptions (a new or changed `push.url`
     /// starts pushing within this).
-    pub scan_interval_ms: u64,
+    pub scan_interval_ms: NonZeroU64,
 }
 
 impl Default for Push {
     fn default() -> Self {
         Self {
-            max_concurrency: 16,
-            request_timeout_ms: 10_000,
+            max_concurrency: nonzero(16u32),
+            request_timeout_ms: nonzero(10_000u64),
             allowed_hosts: String::new(),
-            scan_interval_ms: 500,
+            scan_interval_ms: nonzero(500u64),
         }
     }
 }
@@ -306,9 +306,9 @@ pub struct Storage {
     /// Partitions of a topic created by its first publish.
     pub default_partitions: u32,
     /// Largest partition count of a topic.
-    pub max_partitions: u32,
+    pub max_partitions: NonZeroU32,
     /// Most topics.
-    pub max_topics: usize,
+    pub max_topics: NonZeroUsize,
     /// Largest stored record, in bytes. The stored form of an event can be up to a third
     /// larger than what was published (binary data kept as base64), so this must leave that
     /// room above `limits.max_event_bytes`.
@@ -316,13 +316,13 @@ pub struct Storage {
     /// Payload bytes gathered into one synced write.
     pub max_batch_bytes: usize,
     /// Appends waiting for the log writer; publishers wait beyond it (back-pressure).
-    pub queue_capacity: usize,
+    pub queue_capacity: NonZeroUsize,
     /// Records older than this are deleted; 0 keeps them forever.
     pub retention_ms: u64,
     /// A partition's oldest records are deleted while it holds more; 0 means no size limit.
     pub retention_bytes_per_partition: u64,
     /// How often retention is enforced.
-    pub retention_check_ms: u64,
+    pub retention_check_ms: NonZeroU64,
     /// Once retention deleted this many bytes of a partition, the deleted range is compacted
     /// at once so the disk space comes back (smaller deletions wait for RocksDB's own
     /// compactions, which rewrite less).
@@ -372,7 +372,7 @@ pub struct Kafka {
     pub instance: String,
     /// Replication factor of the topics the mesh creates (partitions:
     /// `storage.default_partitions`).
-    pub replication: u32,
+    pub replication: NonZeroU32,
     /// The compacted topic holding each (group, topic, partition)'s ACK ranges and attempt
     /// counts above the committed offset.
     pub progress_topic: String,
@@ -387,7 +387,7 @@ pub struct Kafka {
     pub max_progress_ranges: usize,
     /// How long a broker request (metadata, topic creation, commit, delivery report) may
     /// take before it fails.
-    pub request_timeout_ms: u64,
+    pub request_timeout_ms: NonZeroU64,
     /// Static group membership (KIP-345): every consumer of this instance joins its group
     /// with `group.instance.id` = `<kafka.instance>-<group>`, so a restart within the
     /// session timeout gets its partitions back without a rebalance. Needs a stable, unique
@@ -414,12 +414,12 @@ impl Default for Kafka {
         Self {
             brokers: "127.0.0.1:9092".to_owned(),
             instance: String::new(),
-            replication: 1,
+            replication: NonZeroU32::MIN,
             progress_topic: "unimesh.progress".to_owned(),
             subscriptions_topic: "unimesh.subscriptions".to_owned(),
             group_prefix: "unimesh.".to_owned(),
             max_progress_ranges: 1_000,
-            request_timeout_ms: 10_000,
+            request_timeout_ms: nonzero(10_000u64),
             static_membership: false,
             properties: BTreeMap::new(),
             producer: BTreeMap::new(),
@@ -559,20 +559,20 @@ impl Default for Limits {
     fn default() -> Self {
         let publish = PublishLimits::default();
         Self {
-            max_request_bytes: publish.max_request_bytes,
-            max_event_bytes: publish.max_event_bytes,
-            max_batch_events: publish.max_batch_events,
-            max_json_bytes: 1 << 20,
-            max_ids_per_request: 1_000,
-            max_poll_events: 1_000,
-            default_poll_events: 10,
+            max_request_bytes: nonzero(publish.max_request_bytes),
+            max_event_bytes: nonzero(publish.max_event_bytes),
+            max_batch_events: nonzero(publish.max_batch_events),
+            max_json_bytes: nonzero(1usize << 20),
+            max_ids_per_request: nonzero(1_000usize),
+            max_poll_events: nonzero(1_000u32),
+            default_poll_events: nonzero(10u32),
             max_wait_ms: 60_000,
             default_wait_ms: 1_000,
-            max_dlq_page: 1_000,
-            default_dlq_page: 100,
+            max_dlq_page: nonzero(1_000usize),
+            default_dlq_page: nonzero(100usize),
             drain_bytes: 64 << 20,
-            body_read_timeout_ms: 60_000,
-            max_pending_requests: 10_000,
+            body_read_timeout_ms: nonzero(60_000u64),
+            max_pending_requests: nonzero(10_000usize),
         }
     }
 }
@@ -580,12 +580,12 @@ impl Default for Limits {
 impl Default for Server {
     fn default() -> Self {
         Self {
-            max_connections: 10_000,
+            max_connections: nonzero(10_000usize),
             shutdown_grace_ms: 10_000,
-            header_read_timeout_ms: 30_000,
-            max_streams: 1_000,
-            stream_window: 256,
-            stream_heartbeat_ms: 15_000,
+            header_read_timeout_ms: nonzero(30_000u64),
+            max_streams: nonzero(1_000usize),
+            stream_window: nonzero(256u32),
+            stream_heartbeat_ms: nonzero(15_000u64),
             stream_retry_ms: 1_000,
             console_interval_ms: 500,
             cors_allowed_origins: String::new(),
@@ -600,14 +600,14 @@ impl Default for Storage {
         Self {
             backend: StorageBackend::Embedded,
             default_partitions: 4,
-            max_partitions: 1_024,
-            max_topics: 10_000,
+            max_partitions: nonzero(1_024u32),
+            max_topics: nonzero(10_000usize),
             max_record_bytes: 2 << 20,
             max_batch_bytes: 16 << 20,
-            queue_capacity: 1_024,
+            queue_capacity: nonzero(1_024usize),
             retention_ms: 0,
             retention_bytes_per_partition: 0,
-            retention_check_ms: 60_000,
+            retention_check_ms: nonzero(60_000u64),
             retention_reclaim_bytes: 64 << 20,
             sync: SyncMode::Always,
             sync_interval_ms: 100,
@@ -706,7 +706,11 @@ impl Config {
             fetch_max_bytes: self.engine.fetch_max_bytes.get(),
             command_capacity: self.engine.command_capacity.get(),
             max_rate_rules: self.engine.max_rate_rules.get(),
-            retention_interval_ms: if retains { s.retention_check_ms } else { 0 },
+            retention_interval_ms: if retains {
+                s.retention_check_ms.get()
+            } else {
+                0
+            },
             dedup: self.dedup_config(),
         }
     }
@@ -750,9 +754,9 @@ impl Config {
 
     pub fn publish_limits(&self) -> PublishLimits {
         PublishLimits {
-            max_event_bytes: self.limits.max_event_bytes,
-            max_request_bytes: self.limits.max_request_bytes,
-            max_batch_events: self.limits.max_batch_events,
+            max_event_bytes: self.limits.max_event_bytes.get(),
+            max_request_bytes: self.limits.max_request_bytes.get(),
+            max_batch_events: self.limits.max_batch_events.get(),
         }
     }
 
@@ -761,12 +765,12 @@ impl Config {
         let s = &self.storage;
         let mut c = crate::storage::log::LogConfig::new(self.log_dir());
         c.default_partitions = s.default_partitions;
-        c.max_partitions = s.max_partitions;
-        c.max_topics = s.max_topics;
+        c.max_partitions = s.max_partitions.get();
+        c.max_topics = s.max_topics.get();
         c.max_record_bytes = s.max_record_bytes;
-        c.max_records_per_append = self.limits.max_batch_events;
+        c.max_records_per_append = self.limits.max_batch_events.get();
         c.max_batch_bytes = s.max_batch_bytes;
-        c.queue_capacity = s.queue_capacity;
+        c.queue_capacity = s.queue_capacity.get();
         c.retention_ms = (s.retention_ms > 0).then_some(s.retention_ms);
         c.retention_bytes_per_partition =
             (s.retention_bytes_per_partition > 0).then_some(s.retention_bytes_per_partition);
@@ -779,15 +783,6 @@ impl Config {
     /// Where the embedded log lives.
     pub fn log_dir(&self) -> PathBuf {
         self.data.join("log")
-    }
-
-    /// Where the state store lives (`None` for the in-memory store).
-    pub fn state_dir(&self) -> Option<PathBuf> {
-        match self.state.backend {
-            StateBackend::Rocksdb => Some(self.data.join("state")),
-            StateBackend::Sled => Some(self.data.join("state-sled")),
-            StateBackend::Memory => None,
-        }
     }
 
     /// Whether requests need credentials: identities, JWTs or client certificates are
@@ -839,41 +834,18 @@ impl Config {
     }
 }
 
-/// `Err` naming the first of `values` that is zero.
-fn at_least_one(values: &[(&str, u64)]) -> Result<(), Invalid> {
-    match values.iter().find(|(_, v)| *v == 0) {
-        Some((key, _)) => refuse(key, "must be at least 1"),
-        None => Ok(()),
-    }
-}
-
 impl Limits {
-    /// `[limits]`: every bound at least 1, every default within its maximum.
+    /// `[limits]`: every default within its maximum, every maximum within its hard ceiling
+    /// (each bound is at least 1 by its type).
     pub fn validate(&self) -> Result<(), Invalid> {
         let l = self;
-        at_least_one(&[
-            ("limits.max_request_bytes", l.max_request_bytes as u64),
-            ("limits.max_event_bytes", l.max_event_bytes as u64),
-            ("limits.max_batch_events", l.max_batch_events as u64),
-            ("limits.max_json_bytes", l.max_json_bytes as u64),
-            ("limits.max_ids_per_request", l.max_ids_per_request as u64),
-            ("limits.max_poll_events", u64::from(l.max_poll_events)),
-            (
-                "limits.default_poll_events",
-                u64::from(l.default_poll_events),
-            ),
-            ("limits.max_dlq_page", l.max_dlq_page as u64),
-            ("limits.max_pending_requests", l.max_pending_requests as u64),
-            ("limits.default_dlq_page", l.default_dlq_page as u64),
-            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
-        ])?;
         if l.max_event_bytes > l.max_request_bytes {
             return refuse(
                 "limits.max_event_bytes",
                 "must not exceed limits.max_request_bytes",
             );
         }
-        if l.max_poll_events > POLL_EVENTS_HARD_MAX {
+        if l.max_poll_events.get() > POLL_EVENTS_HARD_MAX {
             return refuse(
                 "limits.max_poll_events",
                 format!("must be at most {POLL_EVENTS_HARD_MAX}"),
@@ -910,13 +882,6 @@ impl Limits {
 impl Server {
     /// `[server]` and `[server.tls]`.
     pub fn validate(&self) -> Result<(), Invalid> {
-        at_least_one(&[
-            ("server.max_connections", self.max_connections as u64),
-            ("server.header_read_timeout_ms", self.header_read_timeout_ms),
-            ("server.max_streams", self.max_streams as u64),
-            ("server.stream_window", u64::from(self.stream_window)),
-            ("server.stream_heartbeat_ms", self.stream_heartbeat_ms),
-        ])?;
         if !(MIN_CONSOLE_INTERVAL_MS..=MAX_CONSOLE_INTERVAL_MS).contains(&self.console_interval_ms)
         {
             return refuse(
@@ -924,7 +889,7 @@ impl Server {
                 format!("must be between {MIN_CONSOLE_INTERVAL_MS} and {MAX_CONSOLE_INTERVAL_MS}"),
             );
         }
-        if let Err(why) = crate::http::cors::Origins::parse(&self.cors_allowed_origins) {
+        if let Err(why) = crate::policy::Origins::parse(&self.cors_allowed_origins) {
             return refuse("server.cors_allowed_origins", why);
         }
         let tls = &self.tls;
@@ -950,12 +915,7 @@ impl Server {
 impl Push {
     /// `[push]`.
     pub fn validate(&self) -> Result<(), Invalid> {
-        at_least_one(&[
-            ("push.max_concurrency", u64::from(self.max_concurrency)),
-            ("push.request_timeout_ms", self.request_timeout_ms),
-            ("push.scan_interval_ms", self.scan_interval_ms),
-        ])?;
-        if let Err(why) = crate::http::target::TargetPolicy::parse(&self.allowed_hosts) {
+        if let Err(why) = crate::policy::TargetPolicy::parse(&self.allowed_hosts) {
             return refuse("push.allowed_hosts", why);
         }
         Ok(())
@@ -966,13 +926,7 @@ impl Storage {
     /// `[storage]`; a record must hold the stored form of an event of `limits`.
     pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
         let s = self;
-        at_least_one(&[
-            ("storage.max_partitions", u64::from(s.max_partitions)),
-            ("storage.max_topics", s.max_topics as u64),
-            ("storage.queue_capacity", s.queue_capacity as u64),
-            ("storage.retention_check_ms", s.retention_check_ms),
-        ])?;
-        if s.default_partitions == 0 || s.default_partitions > s.max_partitions {
+        if s.default_partitions == 0 || s.default_partitions > s.max_partitions.get() {
             return refuse(
                 "storage.default_partitions",
                 format!(
@@ -983,10 +937,8 @@ impl Storage {
         }
         // Base64 grows binary data by 4/3; the rest of the stored JSON (attributes) is
         // bounded by the event size already, plus a little for the stored framing.
-        let room = limits
-            .max_event_bytes
-            .saturating_add(limits.max_event_bytes / 3)
-            .saturating_add(4096);
+        let event = limits.max_event_bytes.get();
+        let room = event.saturating_add(event / 3).saturating_add(4096);
         if s.max_record_bytes < room {
             return refuse(
                 "storage.max_record_bytes",
@@ -1033,10 +985,6 @@ impl Kafka {
         if k.brokers.split(',').all(|b| b.trim().is_empty()) {
             return refuse("kafka.brokers", "must name at least one HOST:PORT");
         }
-        at_least_one(&[
-            ("kafka.replication", u64::from(k.replication)),
-            ("kafka.request_timeout_ms", k.request_timeout_ms),
-        ])?;
         for (key, topic) in [
             ("kafka.progress_topic", &k.progress_topic),
             ("kafka.subscriptions_topic", &k.subscriptions_topic),
@@ -1272,7 +1220,7 @@ mod tests {
         assert_eq!(c.storage.backend, StorageBackend::Embedded);
         assert_eq!(c.state.backend, StateBackend::Rocksdb);
         assert_eq!(c.storage.default_partitions, 4);
-        assert_eq!(c.limits.max_poll_events, 1000);
+        assert_eq!(c.limits.max_poll_events.get(), 1000);
         assert_eq!(c.limits.max_wait_ms, 60_000);
         assert_eq!(c.mesh_config(), MeshConfig::default());
     }
@@ -1408,8 +1356,8 @@ mod tests {
         .expect("loads")
         .config;
         assert_eq!(c.state.backend, StateBackend::Memory);
-        assert_eq!(c.state_dir(), None);
-        assert_eq!(c.limits.max_poll_events, 50);
+        assert_eq!(c.local_store().dir(), None);
+        assert_eq!(c.limits.max_poll_events.get(), 50);
         assert_eq!(c.subscription_limits().max_attempts, 3);
         let err = load(
             &Overrides::default(),
@@ -1461,6 +1409,46 @@ mod tests {
         assert_eq!(loaded.config, Config::default());
     }
 
+    /// Goal: a bound that means "at least 1" is a `NonZero` type in every section, so a 0
+    /// is refused while the value is read, in one line naming the key and its source (and
+    /// in `[kafka]` whichever the backend). Method: a 0 for one such key of each section.
+    #[test]
+    fn a_zero_where_at_least_1_is_needed_is_refused_in_every_section() {
+        for key in [
+            "limits.max_request_bytes",
+            "limits.max_event_bytes",
+            "limits.max_batch_events",
+            "limits.max_json_bytes",
+            "limits.max_ids_per_request",
+            "limits.max_poll_events",
+            "limits.default_poll_events",
+            "limits.max_dlq_page",
+            "limits.default_dlq_page",
+            "limits.body_read_timeout_ms",
+            "limits.max_pending_requests",
+            "server.max_connections",
+            "server.header_read_timeout_ms",
+            "server.max_streams",
+            "server.stream_window",
+            "server.stream_heartbeat_ms",
+            "push.max_concurrency",
+            "push.request_timeout_ms",
+            "push.scan_interval_ms",
+            "storage.max_partitions",
+            "storage.max_topics",
+            "storage.queue_capacity",
+            "storage.retention_check_ms",
+            "kafka.replication",
+            "kafka.request_timeout_ms",
+        ] {
+            let var = env_name(key);
+            assert_eq!(
+                refused(&Overrides::default(), &[(var.as_str(), "0")]),
+                format!("{key} (environment variable {var}): is 0: must be at least 1"),
+            );
+        }
+    }
+
     /// Goal: every refusal names the key and the layer its value came from: the file's
     /// path, the variable, the flag, or the default. Method: the same kinds of mistake
     /// (unknown key, wrong type, zero where at least 1 is needed, a relation broken) from
@@ -1498,7 +1486,7 @@ mod tests {
         assert_eq!(
             err,
             "limits.max_poll_events (environment variable UNIMESH_LIMITS_MAX_POLL_EVENTS): \
-             must be at least 1"
+             is 0: must be at least 1"
         );
         // A relation: the value named is the one refused, and the default is a source too.
         let err = refused(
@@ -1604,10 +1592,10 @@ mod tests {
             "flag over env over file"
         );
         assert_eq!(c.storage.backend, StorageBackend::Embedded, "flag over env");
-        assert_eq!(c.storage.max_topics, 6, "env over file");
+        assert_eq!(c.storage.max_topics.get(), 6, "env over file");
         assert!(c.server.insecure, "env over file");
-        assert_eq!(c.server.stream_window, 7, "file over default");
-        assert_eq!(c.server.max_streams, 1_000, "default");
+        assert_eq!(c.server.stream_window.get(), 7, "file over default");
+        assert_eq!(c.server.max_streams.get(), 1_000, "default");
         assert_eq!(
             c.kafka.properties["linger.ms"], "2",
             "env over file, per property"

@@ -26,7 +26,6 @@ use unimesh_shell::http::jwt::Verifier;
 use unimesh_shell::http::tls::Tls;
 use unimesh_shell::http::{App, Server};
 use unimesh_shell::kafka::KafkaLog;
-use unimesh_shell::state::{MemoryDisk, MemoryStore, RocksStore, SledStore, StateStore};
 use unimesh_shell::storage::{Backend, WaitForBroker};
 #[cfg(feature = "otlp")]
 use unimesh_shell::trace;
@@ -297,7 +296,8 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
     let security = Security { tls, jwt };
     let traffic = server.traffic_addr().map_err(|e| e.to_string())?;
 
-    let state = open_state(&cfg)?;
+    let local = cfg.local_store();
+    let state = local.open()?;
     let backend = cfg.storage_backend(traffic.port());
     let wait: Option<WaitForBroker> = match &backend {
         Backend::Kafka(start) => {
@@ -320,7 +320,7 @@ async fn serve(loaded: config::Loaded) -> Result<(), String> {
                 storage = %cfg.storage.backend,
                 log = %display_under(&data, &log_cfg.dir),
                 state = %cfg.state.backend,
-                state_dir = %cfg.state_dir().map_or_else(|| "(in memory: nothing survives a restart)".to_owned(), |d| display_under(&data, &d)),
+                state_dir = %local.dir().map_or_else(|| "(in memory: nothing survives a restart)".to_owned(), |d| display_under(&data, d)),
                 partitions_per_new_topic = cfg.storage.default_partitions,
                 retention = %retention_summary(&cfg.storage),
                 "data directory {}", data.display()
@@ -433,7 +433,7 @@ async fn run(
     }
     // The engine ended every delivery stream; give them the grace period to say so to
     // their clients (a WebSocket's close 1001) before the process exits.
-    let streams = u32::try_from(cfg.server.max_streams).unwrap_or(u32::MAX);
+    let streams = u32::try_from(cfg.server.max_streams.get()).unwrap_or(u32::MAX);
     let grace = Duration::from_millis(cfg.server.shutdown_grace_ms);
     if tokio::time::timeout(grace, app.streams.acquire_many(streams))
         .await
@@ -501,7 +501,8 @@ async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Re
                     }
                     return Ok(true);
                 }
-                Err(engine::AppendError::Unavailable(why)) => {
+                Err(e) if !e.is_caller_error() => {
+                    let why = e.to_string();
                     if attempt == 0 {
                         tracing::warn!(
                             %brokers,
@@ -512,9 +513,7 @@ async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Re
                     }
                     *last.lock().unwrap_or_else(|p| p.into_inner()) = why;
                 }
-                Err(engine::AppendError::Invalid(why) | engine::AppendError::TooLarge(why)) => {
-                    return Err(format!("cannot use Kafka at {brokers}: {why}"))
-                }
+                Err(e) => return Err(format!("cannot use Kafka at {brokers}: {e}")),
             }
             tokio::time::sleep(BROKER_RETRY).await;
         }
@@ -531,27 +530,6 @@ async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Re
     let draining = server.run_unavailable(why, stop).await;
     draining.finish().await;
     outcome
-}
-
-fn open_state(cfg: &Config) -> Result<Box<dyn StateStore>, String> {
-    let dir = cfg.state_dir();
-    let opened: Result<Box<dyn StateStore>, String> = match (cfg.state.backend, &dir) {
-        (StateBackend::Rocksdb, Some(dir)) => RocksStore::open(dir)
-            .map(|s| Box::new(s) as Box<dyn StateStore>)
-            .map_err(|e| e.to_string()),
-        (StateBackend::Sled, Some(dir)) => SledStore::open(dir)
-            .map(|s| Box::new(s) as Box<dyn StateStore>)
-            .map_err(|e| e.to_string()),
-        _ => Ok(Box::new(MemoryStore::open(MemoryDisk::new()))),
-    };
-    opened.map_err(|e| {
-        format!(
-            "cannot open the {} state store{}: {e}",
-            cfg.state.backend,
-            dir.map(|d| format!(" in {}", d.display()))
-                .unwrap_or_default()
-        )
-    })
 }
 
 fn display_under(root: &Path, path: &Path) -> String {

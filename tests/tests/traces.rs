@@ -14,6 +14,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 use tungstenite::{Message, WebSocket};
 use unimesh_tests::hook::Hook;
+use unimesh_tests::kafka::Broker;
 use unimesh_tests::sse::SseStream;
 use unimesh_tests::{event, json, published, wait_for, Options, Server, Value};
 
@@ -372,5 +373,62 @@ fn a_malformed_traceparent_is_refused_naming_it() {
     assert!(
         s.poll("g", "c", 10, 300).is_empty(),
         "nothing refused was appended"
+    );
+}
+
+/// Goal: on Kafka, each rebalance's span carries the group, the topic and the partitions
+/// it moved, so every line logged inside it says which consumer and which partitions it is
+/// about. Method: a mesh on Kafka (tansu, or librdkafka's mock cluster with
+/// `UNIMESH_TEST_BROKER=mock`) exporting over OTLP to the collector of this test; a
+/// subscription starts a consumer, whose first assignment is a `rebalance` span, exported
+/// when the callback returns. (The consumer thread's own `kafka_consumer` span is not
+/// checked here: it never reaches the collector, and the thread's lines do not carry it.)
+#[test]
+fn kafka_rebalance_spans_carry_group_topic_and_partitions() {
+    let broker = Broker::start();
+    let collector = Hook::ok();
+    let s = Server::start(
+        broker
+            .server_options("traced", 2)
+            .toml(&format!(
+                "[otel]\nendpoint = \"{}\"\nservice_name = \"mesh-under-test\"\n",
+                collector.url("")
+            ))
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    );
+    let at = published(
+        &s.publish_structured("orders", &event("k-1", "t", json!({"n": 1}))),
+        1,
+    )
+    .remove(0);
+    s.subscribe("g", &json!({"topic": "orders", "ackTimeoutMs": 60_000}));
+    let d = s.poll_n("g", "c", 1, WAIT).remove(0);
+    s.ack("g", &[d.id.as_str()]).all_ok(1);
+
+    let rebalance = wait_for("an exported rebalance span of group g", WAIT, || {
+        spans(&collector).into_iter().find(|s| {
+            s.name == "rebalance" && s.attributes.get("group").map(String::as_str) == Some("g")
+        })
+    });
+    assert_attrs(&rebalance, &[("topic", "orders")]);
+    assert_eq!(rebalance.service, "mesh-under-test");
+    let moved = rebalance.attributes.get("partitions").unwrap_or_else(|| {
+        panic!(
+            "rebalance span without partitions: {:?}",
+            rebalance.attributes
+        )
+    });
+    let partitions: Vec<u32> = moved
+        .trim_matches(['[', ']'])
+        .split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| p.trim().parse().unwrap_or_else(|e| panic!("{moved}: {e}")))
+        .collect();
+    // The only member is assigned every partition of the topic (two on tansu; the mock
+    // cluster gives it more), the event's among them.
+    assert!(
+        partitions.len() >= 2 && partitions.contains(&at.partition),
+        "assigned {partitions:?}, the event is on {}",
+        at.partition
     );
 }

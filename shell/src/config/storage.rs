@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Config, Kafka, StorageBackend};
+use super::{Config, Kafka, StateBackend, StorageBackend};
 use crate::storage::kafka::{KafkaSettings, PropertyTables};
-use crate::storage::{Backend, KafkaStart};
+use crate::storage::{Backend, KafkaStart, LocalStore};
 
 /// How often `serve` probes the broker (health) and refreshes partition ends.
 const KAFKA_WATCH: Duration = Duration::from_secs(1);
@@ -25,6 +25,15 @@ impl Config {
         }
     }
 
+    /// This node's own state store (`state.backend`, in the data directory).
+    pub fn local_store(&self) -> LocalStore {
+        match self.state.backend {
+            StateBackend::Rocksdb => LocalStore::Rocksdb(self.data.join("state")),
+            StateBackend::Sled => LocalStore::Sled(self.data.join("state-sled")),
+            StateBackend::Memory => LocalStore::Memory,
+        }
+    }
+
     /// The Kafka backend's settings; `traffic_port` names the instance when
     /// `kafka.instance` is empty.
     pub fn kafka_settings(&self, traffic_port: u16) -> KafkaSettings {
@@ -38,14 +47,14 @@ impl Config {
         KafkaSettings {
             brokers: k.brokers.clone(),
             instance,
-            replication: i32::try_from(k.replication).unwrap_or(i32::MAX),
+            replication: i32::try_from(k.replication.get()).unwrap_or(i32::MAX),
             default_partitions: self.storage.default_partitions,
             progress_topic: k.progress_topic.clone(),
             subscriptions_topic: k.subscriptions_topic.clone(),
             group_prefix: k.group_prefix.clone(),
             max_progress_ranges: k.max_progress_ranges,
-            request_timeout: Duration::from_millis(k.request_timeout_ms),
-            max_event_bytes: self.limits.max_event_bytes,
+            request_timeout: Duration::from_millis(k.request_timeout_ms.get()),
+            max_event_bytes: self.limits.max_event_bytes.get(),
             group_instance_id,
             properties: property_tables(k),
         }

@@ -13,7 +13,7 @@ use unimesh_core::{
     SubscriptionSpec, TopicName,
 };
 
-use super::ports::{AppendError, LogMetrics};
+use super::ports::{LogMetrics, StorageError};
 
 /// Why a request could not be served. The HTTP layer maps each to a status and a JSON body.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +44,18 @@ impl fmt::Display for EngineError {
 }
 
 impl std::error::Error for EngineError {}
+
+/// A storage port's answer as a request's: the caller's fault as a 4xx, a storage fault as
+/// `Unavailable` (503).
+impl From<StorageError> for EngineError {
+    fn from(e: StorageError) -> Self {
+        match e {
+            StorageError::TooLarge(m) => EngineError::TooLarge(m),
+            StorageError::Invalid(m) => EngineError::BadRequest(m),
+            e => EngineError::Unavailable(e.to_string()),
+        }
+    }
+}
 
 /// How a settle request treats its delivery ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,10 +168,10 @@ pub struct Shared {
 }
 
 /// A topic the log would not create: over its limit (the caller's doing) or a storage fault.
-pub(crate) fn topic_error(e: AppendError) -> EngineError {
+pub(crate) fn topic_error(e: StorageError) -> EngineError {
     match e {
-        AppendError::Invalid(m) | AppendError::TooLarge(m) => EngineError::BadRequest(m),
-        AppendError::Unavailable(m) => EngineError::Unavailable(m),
+        StorageError::Invalid(m) | StorageError::TooLarge(m) => EngineError::BadRequest(m),
+        e => EngineError::Unavailable(e.to_string()),
     }
 }
 

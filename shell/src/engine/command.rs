@@ -9,7 +9,7 @@ use unimesh_core::{
 };
 
 use super::api::{ClientInfo, EngineError, MetricsSnapshot, OffsetRow, Settling, SubscriptionInfo};
-use super::ports::{AppendError, TopicFacts};
+use super::ports::{StorageError, TopicFacts};
 use super::stream::Stream;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
@@ -89,13 +89,28 @@ pub(crate) enum Command {
     },
 }
 
+/// An operator seek waiting for the range of its partition (`Command::Seek`).
+pub(crate) struct Seek {
+    pub group: GroupName,
+    pub topic: TopicName,
+    pub partition: Partition,
+    pub offset: Offset,
+    pub clamp: bool,
+    pub reply: Reply<Offset>,
+}
+
 /// Completions of I/O the engine started.
 pub(crate) enum Event {
     /// The log prepared the topic of a subscription (created it, read its offsets).
     TopicPrepared {
         spec: Box<SubscriptionSpec>,
         reply: Reply<bool>,
-        facts: Result<TopicFacts, AppendError>,
+        facts: Result<TopicFacts, StorageError>,
+    },
+    /// The log answered the range of a partition an operator seek names.
+    SeekRange {
+        seek: Box<Seek>,
+        range: Result<(Offset, Offset), StorageError>,
     },
     Fetched {
         group: GroupName,
@@ -105,7 +120,7 @@ pub(crate) enum Event {
     },
     Persisted {
         ticket: Ticket,
-        result: Result<(), String>,
+        result: Result<(), StorageError>,
     },
     /// A revocation's flush finished (or failed): drop the lanes, then answer the broker.
     RevokeFlushed {

@@ -20,7 +20,7 @@ use super::api::{
 use super::command::{Command, Reply};
 use super::decode_record;
 use super::dedup::{Dedup, Identity, Slot, WindowRule};
-use super::ports::{AppendError, LogPort, StatePort};
+use super::ports::{LogPort, StatePort};
 use super::stream::Stream;
 use crate::storage::log::AppendItem;
 
@@ -206,11 +206,7 @@ impl EngineHandle {
             .log
             .append(topic.clone(), items)
             .await
-            .map_err(|e| match e {
-                AppendError::TooLarge(m) => EngineError::TooLarge(m),
-                AppendError::Invalid(m) => EngineError::BadRequest(m),
-                AppendError::Unavailable(m) => EngineError::Unavailable(m),
-            })?;
+            .map_err(EngineError::from)?;
         // The end offsets (lag) moved: the console's feed may send a snapshot.
         self.shared.changed.notify_one();
         Ok(placed)
@@ -321,7 +317,7 @@ impl EngineHandle {
             .state
             .dlq_list(group.clone(), max)
             .await
-            .map_err(EngineError::Unavailable)?;
+            .map_err(EngineError::from)?;
         Ok(entries
             .into_iter()
             .map(|e| DlqItem {
@@ -344,7 +340,7 @@ impl EngineHandle {
             .state
             .dlq_list_for_replay(group.clone(), max)
             .await
-            .map_err(EngineError::Unavailable)?;
+            .map_err(EngineError::from)?;
         let keys: Vec<DlqKey> = entries.iter().map(|e| e.key.clone()).collect();
         let records = entries
             .into_iter()
@@ -442,7 +438,7 @@ impl EngineHandle {
         self.state
             .put_rate_rule(topic.clone(), Some(rule))
             .await
-            .map_err(EngineError::Unavailable)?;
+            .map_err(EngineError::from)?;
         let mut limiter = self.limiter.lock().unwrap_or_else(|p| p.into_inner());
         limiter
             .set_rule(now, topic.clone(), rule)

@@ -44,8 +44,8 @@ pub use api::{
 };
 pub use handle::EngineHandle;
 pub use ports::{
-    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, RecentAppend,
-    RecentAppends, StatePort, SubscriptionSink, TopicFacts,
+    BoxFut, BrokerMetrics, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, RecentAppend,
+    RecentAppends, StatePort, StorageError, SubscriptionSink, TopicFacts,
 };
 pub use stream::{PushOutcome, Stream};
 
@@ -103,7 +103,7 @@ pub async fn start_observed(
     state: Arc<dyn StatePort>,
     tap: Option<Arc<dyn EngineTap>>,
 ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
-    let loaded = state.load().map_err(EngineError::Unavailable)?;
+    let loaded = state.load().await.map_err(EngineError::from)?;
     let mesh = Mesh::new(config.mesh.clone(), loaded.recovered, 0)
         .map_err(|e| EngineError::Unavailable(format!("cannot recover: {e}")))?;
     // Debug builds check the invariants as they serve, at most a tenth of the time (the
@@ -151,9 +151,9 @@ pub async fn start_observed(
     task.start = start;
     task.tap = tap;
     let fences = task.fences.clone();
-    if log.assigns_partitions() {
+    if let Some(groups) = log.group() {
         let (group_tx, group_rx) = mpsc::channel(1_024);
-        log.attach(group_tx);
+        groups.attach(group_tx);
         task.group_events = Some(group_rx);
     }
     task.assign_recovered().await?;
@@ -170,12 +170,8 @@ pub async fn start_observed(
                 if alive.is_closed() {
                     break;
                 }
-                // Retention deletes through RocksDB: blocking work, off the async workers.
-                let pass = {
-                    let log = log.clone();
-                    spawn_blocking(move || log.enforce_retention()).await
-                };
-                match pass {
+                // A pass of its own (the log runs its deletes off the async workers).
+                match tokio::spawn(log.enforce_retention()).await {
                     Ok(Ok(0)) => {}
                     Ok(Ok(n)) => tracing::info!(partitions = n, "retention deleted old records"),
                     Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use unimesh_core::{GroupName, Partition, PersistBatch, Ticket};
 
 use super::command::Event;
-use super::ports::StatePort;
+use super::ports::{StatePort, StorageError};
 
 /// Lanes whose persists issued before a ticket must not reach the store. A lost
 /// revocation (the coordinator gave the partitions to another instance without telling
@@ -38,15 +38,15 @@ impl Fences {
     }
 
     /// Why the batch of `ticket` is fenced, if it is; forgets the fences it is past.
-    pub fn check(&self, ticket: Ticket, batch: &PersistBatch) -> Option<String> {
+    pub fn check(&self, ticket: Ticket, batch: &PersistBatch) -> Option<StorageError> {
         let mut fences = self.lock();
         let why = batch.checkpoints.iter().find_map(|c| {
             let below = fences.get(&(c.group.clone(), c.partition))?;
             (ticket < *below).then(|| {
-                format!(
-                    "fenced: persist {ticket} holds a checkpoint of partition {} of group {} issued before the partition was lost",
+                StorageError::Fenced(format!(
+                    "persist {ticket} holds a checkpoint of partition {} of group {} issued before the partition was lost",
                     c.partition, c.group
-                )
+                ))
             })
         });
         fences.retain(|_, below| *below > ticket + 1);

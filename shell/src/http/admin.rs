@@ -47,6 +47,22 @@ pub(super) async fn metrics(State(app): State<Arc<App>>, _: Params<NoParams>) ->
     ([(CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
 }
 
+/// This document (the admin API's).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operate",
+    operation_id = "adminOpenapi",
+    responses(
+        (status = 200, description = "The OpenAPI document of the admin listener.", body = Object, content_type = "application/json"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    let doc = app.documents.admin.clone();
+    ([(CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
 #[derive(Serialize, ToSchema)]
 pub(super) struct StatusAnswer {
     /// `ok` (health) or `ready` (readiness).
@@ -347,8 +363,13 @@ pub(super) async fn dlq_replay(
 
 fn dlq_max(app: &App, q: &super::query::Query) -> Result<usize, ApiError> {
     let l = &app.limits;
-    let max = q.bounded("max", l.default_dlq_page as u64, 1, l.max_dlq_page as u64)?;
-    Ok(usize::try_from(max).unwrap_or(l.max_dlq_page))
+    let max = q.bounded(
+        "max",
+        l.default_dlq_page.get() as u64,
+        1,
+        l.max_dlq_page.get() as u64,
+    )?;
+    Ok(usize::try_from(max).unwrap_or(l.max_dlq_page.get()))
 }
 
 #[derive(Deserialize, Serialize, ToSchema)]

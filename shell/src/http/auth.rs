@@ -42,7 +42,7 @@ use subtle::ConstantTimeEq;
 use super::error::{code, ApiError};
 #[cfg(not(madsim))]
 use super::jwt::Verifier;
-use super::routes::Listener;
+use super::listener::{Listener, UNMATCHED_LABEL};
 use super::App;
 use crate::config::auth::Identity;
 use crate::config::Config;
@@ -419,7 +419,7 @@ async fn check(app: &App, listener: Listener, req: &mut Request) -> Option<Respo
     if need == Need::Open {
         return None;
     }
-    let shown_route = route.as_deref().unwrap_or(super::routes::UNMATCHED_LABEL);
+    let shown_route = route.as_deref().unwrap_or(UNMATCHED_LABEL);
     // A refused request's body is never read: close the connection after the answer, so
     // a client does not send its next request on a connection that is being torn down.
     // (HTTP/1 only: HTTP/2 has no `Connection` header, and `gate` reads the body there.)

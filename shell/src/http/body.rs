@@ -34,7 +34,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let timeout = Duration::from_millis(limits.body_read_timeout_ms);
+    let timeout = Duration::from_millis(limits.body_read_timeout_ms.get());
     match tokio::time::timeout(
         timeout,
         read_limited(body, headers, limit, limits.drain_bytes),
@@ -199,7 +199,7 @@ where
     B::Error: std::fmt::Display,
 {
     require_json(headers)?;
-    read_body(limits, body, headers, limits.max_json_bytes).await
+    read_body(limits, body, headers, limits.max_json_bytes.get()).await
 }
 
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -282,7 +282,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_that_never_ends_is_408() {
         let limits = Limits {
-            body_read_timeout_ms: 20,
+            body_read_timeout_ms: std::num::NonZeroU64::MIN.saturating_add(19),
             ..Limits::default()
         };
         let e = read_body(&limits, Pending, &HeaderMap::new(), 1024)

@@ -258,7 +258,7 @@ pub(super) async fn events(
 ) -> Result<Response, ApiError> {
     let rx = Console::watch(&app);
     let retry = Duration::from_millis(app.server.stream_retry_ms);
-    let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms);
+    let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms.get());
     Ok(Sse::new(snapshots(rx, retry))
         .keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat"))
         .into_response())

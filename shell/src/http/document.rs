@@ -1,25 +1,20 @@
 //! The OpenAPI documents: one per listener, generated from the handlers (see `routes`),
 //! finished with the hand-written schemas (`schema::install`) and the bounds that come from
-//! the configuration, and served at `/openapi.json` on the listener it describes.
+//! the configuration, and served at `/openapi.json` on the listener it describes (by
+//! `traffic::openapi` and `admin::openapi`, from [`Documents`]).
 //!
 //! The checked-in copies (`shell/openapi-traffic.json`, `shell/openapi-admin.json`) are the
 //! documents of the default configuration; a unit test fails when they differ from what the
 //! code generates, and `UNIMESH_BLESS=1 cargo test -p unimesh-shell openapi_documents`
 //! rewrites them.
 
-use std::sync::Arc;
-
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
 use serde_json::{json, Value};
 use utoipa::openapi::OpenApi;
 
-use super::error::ErrorBody;
-use super::extract::{NoParams, Params};
-use super::routes::{openapi, Listener};
-use super::{schema, App};
+use super::listener::Listener;
+use super::routes::openapi;
+use super::schema;
 use crate::config::Config;
 
 /// The finished document of `listener` for `config`, as served.
@@ -138,7 +133,7 @@ fn apply_limits(doc: &mut Value, config: &Config) {
     );
     // With an allow-list, a push URL must name one of its hosts: the document says so, so a
     // generated client (or a fuzzer) never offers another.
-    let policy = super::target::TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default();
+    let policy = crate::policy::TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default();
     if let Some(hosts) = policy.host_pattern() {
         let pattern = format!("^https?://{hosts}{}", crate::spec_json::PUSH_URL_AFTER_HOST);
         set(
@@ -273,40 +268,6 @@ fn param_bound(doc: &mut Value, operation: &str, name: &str, bound: &str, value:
             }
         }
     }
-}
-
-fn serve(doc: &Bytes) -> Response {
-    ([(CONTENT_TYPE, "application/json")], doc.clone()).into_response()
-}
-
-/// This document (the traffic API's).
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "operate",
-    operation_id = "trafficOpenapi",
-    responses(
-        (status = 200, description = "The OpenAPI document of the traffic listener.", body = Object, content_type = "application/json"),
-        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
-    ),
-)]
-pub(super) async fn traffic_openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
-    serve(&app.documents.traffic)
-}
-
-/// This document (the admin API's).
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "operate",
-    operation_id = "adminOpenapi",
-    responses(
-        (status = 200, description = "The OpenAPI document of the admin listener.", body = Object, content_type = "application/json"),
-        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
-    ),
-)]
-pub(super) async fn admin_openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
-    serve(&app.documents.admin)
 }
 
 /// Both finished documents, rendered once at start.

@@ -21,6 +21,7 @@ pub mod error;
 mod extract;
 #[cfg(not(madsim))]
 pub mod jwt;
+pub mod listener;
 pub mod metrics;
 pub mod push;
 mod query;
@@ -41,8 +42,9 @@ mod tests;
 
 pub use document::{checked_in_path, render as render_openapi, Documents};
 pub use error::ApiError;
+pub use listener::Listener;
 pub use metrics::Metrics;
-pub use routes::{router, Listener};
+pub use routes::router;
 pub use server::{Draining, Server};
 
 use std::sync::Arc;
@@ -53,6 +55,7 @@ use unimesh_core::SubscriptionLimits;
 use crate::config::{self, Config, Limits};
 use crate::engine::EngineHandle;
 use crate::event::PublishLimits;
+use crate::policy::{Origins, TargetPolicy};
 
 /// What every handler needs: the engine, the limits, the metrics, the documents.
 pub struct App {
@@ -67,9 +70,9 @@ pub struct App {
     /// The identities of `[auth]`; `None`: auth is off.
     pub auth: Option<auth::Gate>,
     /// Origins of `server.cors_allowed_origins` (CORS and WebSocket `Origin`).
-    pub cors: cors::Origins,
+    pub cors: Origins,
     /// Where webhooks may push (`push.allowed_hosts` and the mesh's own listeners).
-    pub push_targets: Arc<target::TargetPolicy>,
+    pub push_targets: Arc<TargetPolicy>,
     /// Slots of open delivery streams (`server.max_streams`).
     pub streams: Arc<Semaphore>,
     /// Request/reply requests waiting for their replies.
@@ -91,14 +94,14 @@ impl App {
             push: config.push.clone(),
             // Parsed by `Config::validate` already, like the push targets below.
             auth: auth::Gate::new(config),
-            cors: cors::Origins::parse(&config.server.cors_allowed_origins).unwrap_or_default(),
+            cors: Origins::parse(&config.server.cors_allowed_origins).unwrap_or_default(),
             // `Config::validate` parsed the list already; a list it refused allows nothing
             // non-public here.
             push_targets: Arc::new(
-                target::TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default(),
+                TargetPolicy::parse(&config.push.allowed_hosts).unwrap_or_default(),
             ),
-            streams: Arc::new(Semaphore::new(config.server.max_streams)),
-            replies: reply::Replies::new(config.limits.max_pending_requests),
+            streams: Arc::new(Semaphore::new(config.server.max_streams.get())),
+            replies: reply::Replies::new(config.limits.max_pending_requests.get()),
             console: console::Console::new(config.server.console_interval_ms),
         }
     }

@@ -27,18 +27,8 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Logged};
-use super::{admin, console, document, reply, streams, traffic, ui, App};
-
-/// Which listener a request came in on. Admin routes are not served on the traffic listener
-/// (and the reverse), so the admin port can stay private.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Listener {
-    Admin,
-    Traffic,
-}
-
-/// Label of requests that matched no route.
-pub const UNMATCHED_LABEL: &str = "unmatched";
+use super::listener::{Listener, UNMATCHED_LABEL};
+use super::{admin, console, reply, streams, traffic, ui, App};
 
 /// The traffic API's handlers, path by path.
 fn traffic_api() -> OpenApiRouter<Arc<App>> {
@@ -59,7 +49,7 @@ fn traffic_api() -> OpenApiRouter<Arc<App>> {
     let api = on(api, vec![routes!(traffic::ack)]);
     let api = on(api, vec![routes!(traffic::nack)]);
     let api = on(api, vec![routes!(traffic::extend)]);
-    on(api, vec![routes!(document::traffic_openapi)])
+    on(api, vec![routes!(traffic::openapi)])
 }
 
 /// The admin API's handlers, path by path.
@@ -80,7 +70,7 @@ fn admin_api() -> OpenApiRouter<Arc<App>> {
         vec![routes!(admin::rate_limits), routes!(admin::rate_limit)],
     );
     let api = on(api, vec![routes!(console::events)]);
-    on(api, vec![routes!(document::admin_openapi)])
+    on(api, vec![routes!(admin::openapi)])
 }
 
 fn api(listener: Listener) -> OpenApiRouter<Arc<App>> {
@@ -124,7 +114,7 @@ pub fn router(listener: Listener, app: Arc<App>) -> Router {
         ));
     // CORS on the traffic listener only (outside the auth gate: a preflight carries no
     // credentials, and a page must be able to read a 401), for the configured origins (none: no layer).
-    if let (Listener::Traffic, Some(cors)) = (listener, app.cors.layer()) {
+    if let (Listener::Traffic, Some(cors)) = (listener, super::cors::layer(&app.cors)) {
         let origins = app.cors.clone();
         router = router
             .layer(cors)

@@ -20,11 +20,12 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
 use super::auth::PeerIdentity;
-use super::routes::{router, Listener};
+use super::listener::{ConnSlot, Listener};
+use super::routes::router;
 #[cfg(not(madsim))]
 use super::tls::Tls;
 use super::App;
@@ -132,12 +133,14 @@ impl Server {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_millis(self.settings.header_read_timeout_ms));
+            .header_read_timeout(Duration::from_millis(
+                self.settings.header_read_timeout_ms.get(),
+            ));
         // No TLS under madsim: nothing to count.
         #[cfg(madsim)]
         let _ = app;
-        let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections));
-        let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections));
+        let traffic_slots = Arc::new(Semaphore::new(self.settings.max_connections.get()));
+        let admin_slots = Arc::new(Semaphore::new(self.settings.max_connections.get()));
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
@@ -160,16 +163,14 @@ impl Server {
                 Listener::Admin => admin_router.clone(),
                 Listener::Traffic => traffic_router.clone(),
             };
-            let slot = Arc::new(ConnSlot {
-                permit: std::sync::Mutex::new(Some(permit)),
-            });
+            let slot = Arc::new(ConnSlot::new(permit));
             let builder = builder.clone();
             let watcher = graceful.watcher();
             #[cfg(not(madsim))]
             let tls = self.tls.clone();
             #[cfg(not(madsim))]
             let app = app.clone();
-            let timeout = Duration::from_millis(self.settings.header_read_timeout_ms);
+            let timeout = Duration::from_millis(self.settings.header_read_timeout_ms.get());
             tokio::spawn(async move {
                 #[cfg(not(madsim))]
                 if let Some(tls) = tls {
@@ -344,21 +345,6 @@ async fn refuse_plain(mut stream: TcpStream) {
     );
     let _ = stream.write_all(answer.as_bytes()).await;
     let _ = stream.shutdown().await;
-}
-
-/// A connection's slot among `server.max_connections`. An HTTP/1.1 connection that becomes
-/// a delivery stream gives it back ([`ConnSlot::release`]): from then on it counts among
-/// the streams (`server.max_streams`), so idle streams cannot starve request connections.
-pub struct ConnSlot {
-    permit: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-impl ConnSlot {
-    pub fn release(&self) {
-        // A plain `Option`: a panic while it was held cannot leave it broken.
-        let mut p = self.permit.lock().unwrap_or_else(|p| p.into_inner());
-        p.take();
-    }
 }
 
 async fn accept(

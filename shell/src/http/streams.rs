@@ -24,7 +24,7 @@ use utoipa::IntoParams;
 
 use super::error::{code, ApiError, ErrorBody};
 use super::extract::{Name, Params, QueryParams};
-use super::server::ConnSlot;
+use super::listener::ConnSlot;
 use super::traffic::{settle, DeliveryView};
 use super::App;
 use crate::engine::{Settling, Stream};
@@ -77,7 +77,7 @@ async fn open(
     })?;
     let stream = app
         .engine
-        .open_stream(group, &client, app.server.stream_window)
+        .open_stream(group, &client, app.server.stream_window.get())
         .await?;
     if version <= Version::HTTP_11 {
         if let Some(slot) = slot {
@@ -125,7 +125,7 @@ pub(super) async fn sse(
     }
     let (stream, permit) = open(&app, &group, &q, slot.as_deref(), version).await?;
     let retry = Duration::from_millis(app.server.stream_retry_ms);
-    let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms);
+    let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms.get());
     let events = sse_events(group, stream, permit, retry);
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat"))
@@ -219,7 +219,7 @@ pub(super) async fn websocket(
         )
     })?;
     let (stream, permit) = open(&app, &group, &q, slot.as_deref(), version).await?;
-    let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms);
+    let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms.get());
     Ok(upgrade.on_upgrade(move |socket| async move {
         ws_session(app, group, socket, stream, heartbeat).await;
         drop(permit);

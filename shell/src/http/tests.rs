@@ -23,10 +23,10 @@ struct Rig {
 
 fn test_config() -> Config {
     let mut c = Config::default();
-    c.limits.max_request_bytes = 64 * 1024;
-    c.limits.max_event_bytes = 16 * 1024;
-    c.limits.max_json_bytes = 4 * 1024;
-    c.limits.max_ids_per_request = 8;
+    c.limits.max_request_bytes = (64 * 1024_usize).try_into().expect("not 0");
+    c.limits.max_event_bytes = (16 * 1024_usize).try_into().expect("not 0");
+    c.limits.max_json_bytes = (4 * 1024_usize).try_into().expect("not 0");
+    c.limits.max_ids_per_request = 8.try_into().expect("not 0");
     c
 }
 
@@ -353,11 +353,11 @@ fn the_annotated_bounds_are_the_defaults() {
 #[test]
 fn configured_bounds_reach_the_served_document() {
     let mut config = Config::default();
-    config.limits.max_poll_events = 77;
+    config.limits.max_poll_events = 77.try_into().expect("not 0");
     config.limits.max_wait_ms = 7_001;
-    config.limits.max_dlq_page = 55;
-    config.limits.max_ids_per_request = 33;
-    config.limits.max_batch_events = 22;
+    config.limits.max_dlq_page = 55.try_into().expect("not 0");
+    config.limits.max_ids_per_request = 33.try_into().expect("not 0");
+    config.limits.max_batch_events = 22.try_into().expect("not 0");
     config.mesh.max_backoff_ms = 9_009;
     config.mesh.max_ack_timeout_ms = std::num::NonZeroU64::new(8_008).expect("not zero");
     config.mesh.max_attempts = std::num::NonZeroU32::new(44).expect("not zero");
@@ -701,7 +701,7 @@ async fn subscription_update_delete_and_conflict() {
     a.error(409, "conflict", "topic");
     let b = unimesh_core::TopicName::new("b").expect("valid");
     assert_eq!(
-        engine::LogPort::partitions(&rig.log, &b),
+        engine::LogPort::partitions(&rig.log, b).await,
         None,
         "a refused subscription creates no topic"
     );

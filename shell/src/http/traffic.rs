@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -322,13 +323,13 @@ pub(super) async fn poll(
     let client = ClientId::new(q.required("client")?)?;
     let max = q.bounded(
         "max",
-        u64::from(l.default_poll_events),
+        u64::from(l.default_poll_events.get()),
         1,
-        u64::from(l.max_poll_events),
+        u64::from(l.max_poll_events.get()),
     )?;
     let wait_ms = q.bounded("waitMs", l.default_wait_ms, 0, l.max_wait_ms)?;
     // `max` is at most `max_poll_events`, a u32.
-    let max = u32::try_from(max).unwrap_or(l.max_poll_events);
+    let max = u32::try_from(max).unwrap_or(l.max_poll_events.get());
     let fetch = tracing::debug_span!(
         target: crate::trace::TARGET,
         "fetch",
@@ -606,7 +607,7 @@ pub(super) async fn settle(
     how: Settling,
     raw_ids: Vec<Value>,
 ) -> Result<(u64, Vec<Rejected>), ApiError> {
-    if raw_ids.len() > app.limits.max_ids_per_request {
+    if raw_ids.len() > app.limits.max_ids_per_request.get() {
         return Err(ApiError::too_large(format!(
             "deliveryIds has {} ids, over the limit of {}",
             raw_ids.len(),
@@ -699,6 +700,24 @@ pub(super) fn parse_ids(
         }
     }
     (ids, malformed)
+}
+
+// ----- this document -----
+
+/// This document (the traffic API's).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operate",
+    operation_id = "trafficOpenapi",
+    responses(
+        (status = 200, description = "The OpenAPI document of the traffic listener.", body = Object, content_type = "application/json"),
+        (status = 400, description = "A query parameter (this route takes none).", body = ErrorBody),
+    ),
+)]
+pub(super) async fn openapi(State(app): State<Arc<App>>, _: Params<NoParams>) -> Response {
+    let doc = app.documents.traffic.clone();
+    ([(CONTENT_TYPE, "application/json")], doc).into_response()
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ mod records;
 pub mod state;
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,9 +21,13 @@ use kafka::{KafkaLog, KafkaSettings, KafkaState};
 #[cfg(feature = "rocksdb")]
 use log::EmbeddedLog;
 use log::LogConfig;
-use ports::{AppendError, LogPort, StatePort};
+use ports::{LogPort, StatePort};
 pub(crate) use records::decode_record;
-use state::{StateStore, StoreAdapter};
+#[cfg(feature = "rocksdb")]
+use state::RocksStore;
+#[cfg(feature = "sled")]
+use state::SledStore;
+use state::{MemoryDisk, MemoryStore, StateStore, StoreAdapter};
 
 /// Runs blocking storage work (RocksDB, sled) off the async workers. Under the madsim
 /// simulator, where every port is in memory and nothing blocks, it is an ordinary task
@@ -56,6 +61,63 @@ pub enum Backend {
     /// A log the caller built (the simulation's, a test's); the local store keeps every
     /// state.
     Given(Arc<dyn LogPort>),
+}
+
+/// This node's own state store (`state.backend`: `Config::local_store` builds it), which
+/// [`Backend::open`] takes opened: every backend keeps its local state there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalStore {
+    /// RocksDB in this directory.
+    Rocksdb(PathBuf),
+    /// sled in this directory.
+    Sled(PathBuf),
+    /// In memory: nothing survives a restart.
+    Memory,
+}
+
+impl LocalStore {
+    /// Opens the store; the error names its kind and directory.
+    pub fn open(&self) -> Result<Box<dyn StateStore>, String> {
+        let opened: Result<Box<dyn StateStore>, String> = match self {
+            #[cfg(feature = "rocksdb")]
+            LocalStore::Rocksdb(dir) => RocksStore::open(dir)
+                .map(|s| Box::new(s) as Box<dyn StateStore>)
+                .map_err(|e| e.to_string()),
+            #[cfg(not(feature = "rocksdb"))]
+            LocalStore::Rocksdb(_) => Err("built without it (feature rocksdb)".to_owned()),
+            #[cfg(feature = "sled")]
+            LocalStore::Sled(dir) => SledStore::open(dir)
+                .map(|s| Box::new(s) as Box<dyn StateStore>)
+                .map_err(|e| e.to_string()),
+            #[cfg(not(feature = "sled"))]
+            LocalStore::Sled(_) => Err("built without it (feature sled)".to_owned()),
+            LocalStore::Memory => Ok(Box::new(MemoryStore::open(MemoryDisk::new()))),
+        };
+        opened.map_err(|e| {
+            let place = self
+                .dir()
+                .map(|d| format!(" in {}", d.display()))
+                .unwrap_or_default();
+            format!("cannot open the {} state store{place}: {e}", self.kind())
+        })
+    }
+
+    /// Its directory (`None` in memory).
+    pub fn dir(&self) -> Option<&Path> {
+        match self {
+            LocalStore::Rocksdb(dir) | LocalStore::Sled(dir) => Some(dir),
+            LocalStore::Memory => None,
+        }
+    }
+
+    /// Its `state.backend` name.
+    fn kind(&self) -> &'static str {
+        match self {
+            LocalStore::Rocksdb(_) => "rocksdb",
+            LocalStore::Sled(_) => "sled",
+            LocalStore::Memory => "memory",
+        }
+    }
 }
 
 /// How the Kafka backend starts.
@@ -140,12 +202,11 @@ impl Backend {
                 }
                 let ready = match wait {
                     Some(wait) => wait(log.clone()).await?,
-                    None => log.ensure_own_topics().await.map(|()| true).map_err(|e| {
-                        let (AppendError::TooLarge(m)
-                        | AppendError::Invalid(m)
-                        | AppendError::Unavailable(m)) = e;
-                        format!("cannot use Kafka at {brokers}: {m}")
-                    })?,
+                    None => log
+                        .ensure_own_topics()
+                        .await
+                        .map(|()| true)
+                        .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?,
                 };
                 if !ready {
                     return Ok(None);
@@ -189,4 +250,29 @@ fn open_embedded(config: LogConfig, _local: StoreAdapter) -> Result<Option<Opene
         "cannot open the event log in {}: built without the embedded log (feature rocksdb)",
         config.dir.display()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_store_that_cannot_open_names_its_kind_and_directory() {
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        // A file where the store's directory should be.
+        let file = tmp.path().join("state");
+        std::fs::write(&file, b"not a directory").expect("write the file");
+        for (store, kind) in [
+            (LocalStore::Rocksdb(file.clone()), "rocksdb"),
+            (LocalStore::Sled(file.clone()), "sled"),
+        ] {
+            let Err(e) = store.open() else {
+                panic!("{kind} opened on a file");
+            };
+            let start = format!("cannot open the {kind} state store in {}: ", file.display());
+            assert!(e.starts_with(&start), "{e}");
+        }
+        assert!(LocalStore::Memory.open().is_ok());
+        assert_eq!(LocalStore::Memory.dir(), None);
+    }
 }

@@ -24,7 +24,7 @@ pub type RecentAppend = (u64, Partition, Offset, Bytes);
 
 /// What [`LogPort::recent_appends`] found: per topic, its records in the window; `None`
 /// when the log cannot tell.
-pub type RecentAppends = Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, String>>;
+pub type RecentAppends = Option<Result<Vec<(TopicName, Vec<RecentAppend>)>, StorageError>>;
 
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -49,12 +49,62 @@ impl LogRead {
     }
 }
 
-/// Why a publish failed: the caller's fault (4xx) or the storage's (503).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AppendError {
-    TooLarge(String),
+/// An error a storage port answers: the caller's fault (`Invalid`, `TooLarge`: a 4xx), or
+/// the storage's (`Unavailable`, `Fenced`: a 503, worth a retry). Each message is whole
+/// (it names what failed and why, its source's text included), so it is shown as is.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The caller asked for something the storage does not have or refuses (an unknown
+    /// topic or partition, the topic limit, an item that is not a stored event).
+    #[error("{0}")]
     Invalid(String),
-    Unavailable(String),
+    /// A record or batch over the storage's size limits.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The storage failed or cannot be reached. `what` is the whole message (what failed
+    /// and why); `source` is the error of a layer below that said why, when one did.
+    #[error("{what}")]
+    Unavailable {
+        what: String,
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A write refused because this instance no longer owns what it writes (a partition
+    /// revoked or lost to another instance): writing it would overwrite the new owner's.
+    #[error("fenced: {0}")]
+    Fenced(String),
+}
+
+impl StorageError {
+    /// Unavailable, with the whole story in `what`.
+    pub fn unavailable(what: impl Into<String>) -> Self {
+        StorageError::Unavailable {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// Unavailable: `what` failed because of `source` (shown as `what: source`).
+    pub fn failed(what: &str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StorageError::Unavailable {
+            what: format!("{what}: {source}"),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// Unavailable because of `source`, whose text says it all.
+    pub fn from_source(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StorageError::Unavailable {
+            what: source.to_string(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// True when the caller asked for something refused (a 4xx); false for a fault of the
+    /// storage (a 503: the caller may retry).
+    pub fn is_caller_error(&self) -> bool {
+        matches!(self, StorageError::Invalid(_) | StorageError::TooLarge(_))
+    }
 }
 
 /// What a log reports about itself for `/metrics`.
@@ -121,13 +171,12 @@ impl TopicFacts {
     pub fn read(
         partitions: u32,
         with_offsets: bool,
-        offsets: impl Fn(Partition) -> Result<(Offset, Offset), String>,
-    ) -> Result<TopicFacts, AppendError> {
+        offsets: impl Fn(Partition) -> Result<(Offset, Offset), StorageError>,
+    ) -> Result<TopicFacts, StorageError> {
         let offsets = if with_offsets {
             (0..partitions)
                 .map(&offsets)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(AppendError::Unavailable)?
+                .collect::<Result<Vec<_>, _>>()?
         } else {
             Vec::new()
         };
@@ -139,7 +188,7 @@ impl TopicFacts {
 }
 
 /// What a broker that assigns partitions itself (Kafka's group coordinator) tells the
-/// engine about a group it joined through [`LogPort::join`].
+/// engine about a group it joined through [`GroupLog::join`].
 #[derive(Debug)]
 pub enum GroupEvent {
     /// The group now owns these partitions here, each with the progress read for it.
@@ -183,7 +232,7 @@ pub trait LogPort: Send + Sync + 'static {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>>;
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>>;
 
     /// The partition count of a topic, creating it with the default count if needed, and
     /// with `with_offsets` the (earliest, end) of each partition. `Invalid` when the caller
@@ -194,13 +243,21 @@ pub trait LogPort: Send + Sync + 'static {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>>;
+    ) -> BoxFut<Result<TopicFacts, StorageError>>;
 
-    /// The partition count of an existing topic.
-    fn partitions(&self, topic: &TopicName) -> Option<u32>;
+    /// The partition count of an existing topic; `None` for a topic the log does not have
+    /// (or cannot find). Answered off the engine task: a broker may have to be asked.
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>>;
 
-    /// (earliest, end) of a partition.
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String>;
+    /// (earliest, end) of a partition: `Invalid` for a topic or partition the log does not
+    /// have, `Unavailable` when it could not be read. Answered off the engine task (a broker
+    /// round trip when the ends are not cached): the engine hands the answer back to itself
+    /// as an event.
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>>;
 
     /// The first offset of a partition whose record was appended at or after `time_ms` (ms
     /// since the Unix epoch; on Kafka the record's timestamp, as offsets-for-times reads
@@ -213,17 +270,17 @@ pub trait LogPort: Send + Sync + 'static {
         topic: TopicName,
         _partition: Partition,
         _time_ms: u64,
-    ) -> BoxFut<Result<Offset, AppendError>> {
+    ) -> BoxFut<Result<Offset, StorageError>> {
         Box::pin(async move {
-            Err(AppendError::Invalid(format!(
+            Err(StorageError::Invalid(format!(
                 "the log of topic {topic} keeps no append times: seek by offset"
             )))
         })
     }
 
-    /// Applies retention; returns how many partitions moved their earliest offset.
-    /// Applies retention as of the log's own clock (the one that stamped its records).
-    fn enforce_retention(&self) -> Result<usize, String>;
+    /// Applies retention as of the log's own clock (the one that stamped its records);
+    /// answers how many partitions moved their earliest offset.
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>>;
 
     /// A fault that keeps the log from taking appends until the process restarts, if any.
     /// The health check reports it.
@@ -236,38 +293,10 @@ pub trait LogPort: Send + Sync + 'static {
         None
     }
 
-    /// True when the broker assigns partitions to groups ([`LogPort::join`] and
-    /// [`GroupEvent`]); false when this instance owns every partition (the engine assigns
+    /// What a broker that assigns partitions to groups adds ([`GroupLog`]: Kafka's group
+    /// coordinator); `None` when this instance owns every partition (the engine assigns
     /// them all at subscribe).
-    fn assigns_partitions(&self) -> bool {
-        false
-    }
-
-    /// Where [`GroupEvent`]s go; called once, before any `join`.
-    fn attach(&self, _events: mpsc::Sender<GroupEvent>) {}
-
-    /// Joins `group` (reading `topic`) at the broker; its partitions arrive as
-    /// [`GroupEvent::Assigned`].
-    fn join(&self, _group: &GroupName, _topic: &TopicName) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// Leaves `group` at the broker (the group was deleted).
-    fn leave(&self, _group: &GroupName) {}
-
-    /// Commits `group`'s durable watermark of a partition to the broker.
-    fn commit(
-        &self,
-        _group: &GroupName,
-        _topic: &TopicName,
-        _partition: Partition,
-        _offset: Offset,
-    ) {
-    }
-
-    /// This instance's name, when several instances share the broker (shown as the owner
-    /// of the partitions it holds).
-    fn instance(&self) -> Option<String> {
+    fn group(&self) -> Option<&dyn GroupLog> {
         None
     }
 
@@ -290,13 +319,39 @@ pub trait LogPort: Send + Sync + 'static {
     }
 }
 
+/// The part of a log whose broker assigns partitions to groups (Kafka's consumer groups):
+/// the engine joins a group there and learns its partitions as [`GroupEvent`]s.
+pub trait GroupLog: Send + Sync {
+    /// Where [`GroupEvent`]s go; called once, before any `join`.
+    fn attach(&self, events: mpsc::Sender<GroupEvent>);
+
+    /// Joins `group` (reading `topic`) at the broker; its partitions arrive as
+    /// [`GroupEvent::Assigned`].
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError>;
+
+    /// Leaves `group` at the broker (the group was deleted).
+    fn leave(&self, group: &GroupName);
+
+    /// Commits `group`'s durable watermark of a partition to the broker.
+    fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset);
+
+    /// This instance's name among those sharing the broker (shown as the owner of the
+    /// partitions it holds), if it has one.
+    fn instance(&self) -> Option<String> {
+        None
+    }
+}
+
 /// The state store as the engine uses it.
 pub trait StatePort: Send + Sync + 'static {
-    fn load(&self) -> Result<Loaded, String>;
+    /// What the store holds, read once at start.
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>>;
     /// Applies a batch atomically and durably. Batches are handed over in ticket order and
     /// one at a time, so the store sees them in order.
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>>;
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>>;
+    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64)
+        -> BoxFut<Result<(), StorageError>>;
+    fn dlq_list(&self, group: GroupName, max: usize)
+        -> BoxFut<Result<Vec<DlqEntry>, StorageError>>;
     /// The dead letters to hand the core for a replay. A store that can hold two records
     /// at one key (the Kafka backend, after a lost tail) hands at most one record of a key
     /// at a time and remembers which, because a resolution names only the key.
@@ -304,13 +359,16 @@ pub trait StatePort: Send + Sync + 'static {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.dlq_list(group, max)
     }
     /// The core did not take the replay of these entries (of [`Self::dlq_list_for_replay`]).
     fn dlq_replay_refused(&self, _group: &GroupName, _keys: &[DlqKey]) {}
-    fn put_rate_rule(&self, topic: TopicName, rule: Option<RateRule>)
-        -> BoxFut<Result<(), String>>;
+    fn put_rate_rule(
+        &self,
+        topic: TopicName,
+        rule: Option<RateRule>,
+    ) -> BoxFut<Result<(), StorageError>>;
 }
 
 /// Where a backend that shares group definitions between instances (Kafka's subscriptions

@@ -8,8 +8,22 @@
 //!   an extend, out of order, in batches), NACK with or without a delay, or never; they ACK
 //!   ids from their past (former incarnations' too) and ids never issued.
 //!
-//! Once faults stop every poller ACKs everything at once except poison events, which it
+//! - stream clients open a stream session (SSE or WebSocket: the engine's session API their
+//!   HTTP handlers use; its transport half runs on the mesh node, as the handler does) with
+//!   a window of credit, and settle what it writes as a poller does; writes fail, the
+//!   connection closes with deliveries queued, and the client reconnects with the same id,
+//!   now and then before its old connection closed.
+//!
+//! Once faults stop every client ACKs everything at once except poison events, which it
 //! always NACKs (they end in the DLQ).
+//!
+//! Why the stream clients drive the engine's session API and not the axum routes: the
+//! SSE response's keep-alive timer and the WebSocket upgrade (hyper's connection upgrade)
+//! run on tokio itself, which madsim does not simulate (only `madsim_tokio` users are), so
+//! the routes cannot run under madsim as they ship; the transport half here does what
+//! `http/streams.rs` does with a session: take up to a batch, write, report `written` or
+//! `failed` (and end the session at the first failure), drop the session when the
+//! connection goes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +36,10 @@ use unimesh_shell::event::{parse_publish, PublishLimits, BATCH_MEDIA_TYPE};
 use unimesh_sim::rng::Rng;
 use unimesh_sim::{Clause, SettleKind};
 
+use unimesh_shell::engine::EngineHandle;
+
 use crate::node::{call_on, CallError};
-use crate::options::ClientOptions;
+use crate::options::{ClientOptions, Transport};
 use crate::world::{violation, World};
 
 /// The type of events every client NACKs.
@@ -191,8 +207,17 @@ impl Poller {
         self.rng.range(0, self.world.opts.faults.net_delay_ms)
     }
 
-    /// Polls until the run ends.
+    /// Polls (or streams) until the run ends.
     pub async fn run(mut self) {
+        if let Transport::Stream {
+            window,
+            write_fail,
+            close,
+            overlap,
+        } = self.opts.transport
+        {
+            return self.stream(window, write_fail, close, overlap).await;
+        }
         while self.world.failure().is_none() && !self.world.is_done() {
             let calm = !self.world.faults_on();
             let got = self.poll(calm).await;
@@ -217,6 +242,72 @@ impl Poller {
                 self.rng.range(1, self.opts.pause_ms)
             };
             sleep_ms(pause).await;
+        }
+    }
+
+    /// Stream sessions until the run ends: one at a time (but for an overlap), each until
+    /// the engine ends it, the node goes, or the client closes it.
+    async fn stream(mut self, window: u32, write_fail: f64, close: f64, overlap: f64) {
+        while self.world.failure().is_none() && !self.world.is_done() {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let (w, g, c) = (self.world.clone(), self.group.clone(), self.client.clone());
+            let (node, rng) = (self.node, self.rng.fork());
+            self.world.count(|c| &mut c.stream_sessions);
+            let delay = self.delay();
+            let world = self.world.clone();
+            let mut session = Box::pin(async move {
+                call_on(&world, node, delay, move |h| {
+                    transport(h, w, node, g, c, window, write_fail, rng, tx)
+                })
+                .await
+            });
+            let mut closing = false;
+            loop {
+                // Biased: an unbiased `select!` draws its order from tokio's thread-local
+                // generator, which madsim does not seed (module docs). What the transport
+                // wrote before its connection ended is read first, as off a socket.
+                tokio::select! {
+                    biased;
+                    got = rx.recv() => {
+                        let Some(got) = got else { break };
+                        for d in &got {
+                            if self.past.len() >= 64 {
+                                self.past.remove(0);
+                            }
+                            self.past.push(d.id);
+                        }
+                        if !self.world.faults_on() {
+                            self.settle_all(got);
+                            continue;
+                        }
+                        for d in got {
+                            let plan = self.plan(&d);
+                            self.carry_out(d.id, plan);
+                        }
+                        self.misbehave();
+                        if self.rng.chance(close) {
+                            closing = true;
+                            break;
+                        }
+                    }
+                    _ = &mut session => break,
+                }
+            }
+            if closing {
+                self.world.count(|c| &mut c.stream_closes);
+                drop(rx);
+                if self.rng.chance(overlap) {
+                    // The old connection lingers while the client reconnects.
+                    self.world.count(|c| &mut c.stream_overlaps);
+                    let linger = Duration::from_millis(self.rng.range(1, 50));
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(linger, session).await;
+                    });
+                    continue;
+                }
+            }
+            drop(session);
+            sleep_ms(self.rng.range(1, self.opts.pause_ms)).await;
         }
     }
 
@@ -407,6 +498,59 @@ impl Poller {
             })
             .await;
         });
+    }
+}
+
+/// Deliveries a stream transport writes per batch (`http/streams.rs`).
+const STREAM_BATCH: usize = 64;
+
+/// The transport half of a stream session, on the mesh node: opens the session for
+/// `client` with credit `window` and writes what it hands out to the connection (`to`),
+/// reporting each batch `written` and, from the first write that fails (a fault drawn
+/// with `write_fail` while faults last, or a connection the client closed), `failed`, and
+/// ending the session then — as the WebSocket handler (`http/streams.rs`) does — until the
+/// engine ends the session or the call is dropped (the connection went: the session's
+/// stream is dropped with whatever is queued).
+#[allow(clippy::too_many_arguments)]
+async fn transport(
+    engine: EngineHandle,
+    world: Arc<World>,
+    node: usize,
+    group: GroupName,
+    client: ClientId,
+    window: u32,
+    write_fail: f64,
+    mut rng: Rng,
+    to: tokio::sync::mpsc::UnboundedSender<Vec<Delivery>>,
+) {
+    let Ok(stream) = engine.open_stream(&group, &client, window).await else {
+        return;
+    };
+    while let Some(batch) = stream.next(STREAM_BATCH).await {
+        let mut written = Vec::with_capacity(batch.len());
+        let mut failed = Vec::new();
+        for d in batch {
+            let fails = !failed.is_empty()
+                || to.is_closed()
+                || (world.faults_on() && rng.chance(write_fail));
+            if fails {
+                failed.push(d.id);
+            } else {
+                written.push(d);
+            }
+        }
+        let n = written.len();
+        if n > 0 {
+            world.stream_written(node, &group, &client, window, &written);
+            let _ = to.send(written);
+        }
+        stream.written(n);
+        if !failed.is_empty() {
+            // A connection whose write failed is gone: the session ends with it.
+            world.count(|c| &mut c.stream_writes_failed);
+            stream.failed(failed);
+            return;
+        }
     }
 }
 

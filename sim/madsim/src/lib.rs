@@ -10,7 +10,7 @@
 //! start-up is `engine::start_observed` (what `serve` calls, plus a tap) on simulated
 //! storage whose writes count once durable and which outlives the node (`storage`); a node
 //! of model clients calling the engine through a front door that stands in for the HTTP
-//! server (`clients`, `node`); kills, restarts, clock jumps and operators (`operators`).
+//! server (`clients`, `node`), and webhook targets for the shipped pushers (`webhook`); kills, restarts, clock jumps and operators (`operators`).
 //! The contract checker of `unimesh-sim` (C1–C9) is fed from the engine's tap, the storage
 //! and the front (`world`), with the harness's own checks of what clients got
 //! (`tracker`). After the fault phase, faults stop and the run must converge.
@@ -23,6 +23,12 @@
 //! - `cargo run -p unimesh-sim-shell --release -- --seeds N [--from S]`: a long sweep that
 //!   prints seeds/s and the faults injected;
 //! - `MADSIM_TEST_SEED=<n>` replays one seed exactly (same trace hash).
+//!
+//! Determinism rests on madsim's generator alone: each seed runs on a thread of its own
+//! (std's `HashMap` keys), and every `tokio::select!` the harness runs is `biased` (an
+//! unbiased one draws its order from tokio's own thread-local generator, seeded with a
+//! process-wide counter: the second run of a seed in a process would poll in another
+//! order). `tests/select.rs` checks the sources for it.
 
 #![cfg(madsim)]
 #![forbid(unsafe_code)]
@@ -34,7 +40,9 @@ pub mod operators;
 pub mod options;
 pub mod run;
 pub mod storage;
+pub mod sweep;
 pub mod tracker;
+pub mod webhook;
 pub mod world;
 
 pub use counts::Counts;

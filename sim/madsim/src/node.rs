@@ -16,6 +16,8 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Effect, Epoch, Input, MeshConfig, Millis, PersistBatch, Response, Ticket};
 use unimesh_shell::engine::{self, BoxFut, EngineConfig, EngineHandle, EngineTap};
+use unimesh_shell::http::push;
+use unimesh_shell::policy::TargetPolicy;
 use unimesh_sim::rng::Rng;
 use unimesh_sim::Clause;
 
@@ -87,6 +89,16 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>, node: usize
             return;
         }
     };
+    if let Some(run) = &world.opts.push {
+        // The webhook pushers, as `serve` runs them, on the simulated targets.
+        let connect = crate::webhook::connect(world.clone(), node, rng.fork());
+        tokio::spawn(push::supervise_with(
+            handle.clone(),
+            crate::webhook::config(run),
+            Arc::new(TargetPolicy::default()),
+            connect,
+        ));
+    }
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
     world.set_front(node, tx, log);
     while let Some(job) = rx.recv().await {

@@ -31,6 +31,27 @@ pub struct ClientOptions {
     pub wait_ms: Millis,
     /// Pause between polls.
     pub pause_ms: Millis,
+    /// How it takes its deliveries.
+    pub transport: Transport,
+}
+
+/// The delivery path a client uses: those that ship.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transport {
+    /// Long-polls (the fields above).
+    LongPoll,
+    /// A stream session (SSE or WebSocket: the engine's session API their HTTP handlers
+    /// use), its credit `window`. While faults last a write fails with `write_fail` (the
+    /// transport reports it and the session ends, as the WebSocket handler does),
+    /// after a batch the connection closes with `close` (what is still queued goes back),
+    /// and a closing connection is left open a while after the client reconnected with the
+    /// same id with `overlap` (the engine ends the older session).
+    Stream {
+        window: u32,
+        write_fail: f64,
+        close: f64,
+        overlap: f64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -46,6 +67,36 @@ pub struct GroupOptions {
     /// Starts at the end offsets of the moment it is created.
     pub start_latest: bool,
     pub clients: Vec<ClientOptions>,
+    /// A webhook target (`push.url`): the mesh's pusher is one more client of the group.
+    pub push: Option<PushOptions>,
+}
+
+/// A group's webhook target, as the shipped pusher (`http/push`) meets it. While faults
+/// last a request is answered 429 or 503 with `Retry-After` (`deferred`), with another
+/// failure status (`fail`), never (`hang`: the pusher's timeout ends it), its connection is
+/// refused (`refuse`), or its host resolves to an address `push.allowed_hosts` does not
+/// let through (`not_allowed`); the rest is answered 2xx. Afterwards every request is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushOptions {
+    /// Events per request (`push.batch`: 1 is binary mode).
+    pub batch: u32,
+    pub deferred: f64,
+    /// The longest `Retry-After` (seconds).
+    pub retry_after_s: u64,
+    pub fail: f64,
+    pub hang: f64,
+    pub refuse: f64,
+    pub not_allowed: f64,
+    /// The longest time a target takes to answer.
+    pub latency_ms: Millis,
+}
+
+/// The mesh's `[push]` settings of a run with webhook targets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushRun {
+    pub max_concurrency: u32,
+    pub request_timeout_ms: Millis,
+    pub scan_interval_ms: Millis,
 }
 
 /// Rates of the faults of the environment. A rate of 0 disables a fault.
@@ -147,6 +198,8 @@ pub struct Options {
     pub fault_phase_ms: Millis,
     pub engine: EngineOptions,
     pub faults: FaultRates,
+    /// Set when some group has a webhook target.
+    pub push: Option<PushRun>,
 }
 
 /// Half of the time a fault is off; otherwise its rate is drawn from `lo..=hi`.
@@ -188,6 +241,7 @@ impl Options {
                     poll_max: rng.range(1, 8) as u32,
                     wait_ms: rng.range(0, 300),
                     pause_ms: rng.range(1, 40),
+                    transport: Transport::LongPoll,
                 })
                 .collect();
             groups.push(GroupOptions {
@@ -210,6 +264,7 @@ impl Options {
                 max_in_flight: rng.range(1, 8) as u32,
                 start_latest: rng.chance(0.2),
                 clients,
+                push: None,
             });
         }
         let faults = FaultRates {
@@ -257,6 +312,43 @@ impl Options {
                 0
             },
         };
+        // Transports from a draw of their own, so every other draw of a seed is as before.
+        let mut t = Rng::new(seed ^ 0x5452_414e_5350_0000);
+        for c in groups.iter_mut().flat_map(|g| g.clients.iter_mut()) {
+            if t.chance(0.5) {
+                c.transport = Transport::Stream {
+                    window: t.range(1, 8) as u32,
+                    write_fail: maybe(&mut t, 0.02, 0.2),
+                    close: maybe(&mut t, 0.05, 0.4),
+                    overlap: maybe(&mut t, 0.1, 0.5),
+                };
+            }
+        }
+        // Webhook targets from a draw of their own too.
+        let mut w = Rng::new(seed ^ 0x5055_5348_0000_0000);
+        for g in &mut groups {
+            if w.chance(0.4) {
+                g.push = Some(PushOptions {
+                    batch: if w.chance(0.5) {
+                        1
+                    } else {
+                        w.range(2, 6) as u32
+                    },
+                    deferred: maybe(&mut w, 0.05, 0.3),
+                    retry_after_s: w.range(0, 2),
+                    fail: maybe(&mut w, 0.05, 0.3),
+                    hang: maybe(&mut w, 0.02, 0.15),
+                    refuse: maybe(&mut w, 0.05, 0.3),
+                    not_allowed: maybe(&mut w, 0.01, 0.1),
+                    latency_ms: w.range(0, 40),
+                });
+            }
+        }
+        let push = groups.iter().any(|g| g.push.is_some()).then(|| PushRun {
+            max_concurrency: w.range(1, 4) as u32,
+            request_timeout_ms: w.range(50, 1_000),
+            scan_interval_ms: w.range(10, 200),
+        });
         Options {
             seed,
             nodes: 1,
@@ -273,6 +365,7 @@ impl Options {
             fault_phase_ms: rng.range(1_000, 4_000),
             engine,
             faults,
+            push,
         }
     }
 }
@@ -326,6 +419,9 @@ impl fmt::Display for Options {
         }
         writeln!(f, "  engine: {:?}", self.engine)?;
         writeln!(f, "  faults: {:?}", self.faults)?;
+        if let Some(p) = &self.push {
+            writeln!(f, "  push: {p:?}")?;
+        }
         for g in &self.groups {
             writeln!(
                 f,
@@ -335,6 +431,9 @@ impl fmt::Display for Options {
             )?;
             for (i, c) in g.clients.iter().enumerate() {
                 writeln!(f, "    client {i}: {c:?}")?;
+            }
+            if let Some(p) = &g.push {
+                writeln!(f, "    webhook: {p:?}")?;
             }
         }
         Ok(())

@@ -244,6 +244,10 @@ fn spec(opts: &Options, i: usize) -> Option<SubscriptionSpec> {
     s.max_attempts = g.max_attempts;
     s.backoff = Backoff { ..g.backoff };
     s.max_in_flight_per_client = g.max_in_flight;
+    if let Some(p) = &g.push {
+        s.push_url = Some(crate::webhook::url(&g.name));
+        s.push_batch = p.batch;
+    }
     if g.start_latest {
         // Empty: the engine reads the end offsets when it creates the group.
         s.start_from = StartFrom::Latest(Default::default());

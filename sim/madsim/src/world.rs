@@ -32,6 +32,7 @@ use unimesh_core::{
     TopicName,
 };
 use unimesh_shell::engine::{EngineError, LogPort, PublishResult};
+use unimesh_shell::http::push::PUSH_CLIENT;
 use unimesh_sim::trace::{Entry, Trace};
 use unimesh_sim::{Checker, Clause, SettleKind, Violation};
 
@@ -97,6 +98,9 @@ struct Inner {
     /// them ([`World::committed`]), not when the mesh issues them; the progress store fences
     /// at read, so each assignment's resume point is judged as read ([`Inner::read_back`]).
     fences_at_broker: bool,
+    /// What each webhook target answered for the deliveries it took, until the pusher
+    /// settles them: the pusher ACKs only a 2xx and NACKs a 429/503 by its `Retry-After`.
+    pushes: BTreeMap<DeliveryId, Answered>,
 }
 
 /// What the world knows of one mesh node.
@@ -149,6 +153,18 @@ struct Taken {
 /// Batches made durable a node keeps naming ([`Node::written`]).
 const WRITTEN_KEPT: usize = 64;
 
+/// How a webhook target answered a request (`webhook`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answered {
+    /// Taken, no answer yet (or never: the pusher's timeout ends it).
+    Taken,
+    Ok,
+    /// 429 or 503 with `Retry-After` of this many seconds.
+    Deferred(u64),
+    /// Any other status.
+    Failed,
+}
+
 fn at(now: Duration) -> Millis {
     now.as_millis() as Millis
 }
@@ -181,6 +197,7 @@ impl World {
                 incarnations: 0,
                 steps: 0,
                 fences_at_broker: false,
+                pushes: BTreeMap::new(),
             }),
         })
     }
@@ -734,18 +751,61 @@ impl World {
         max: u32,
         got: &[Delivery],
     ) {
+        let ids: Vec<DeliveryId> = got.iter().map(|d| d.id).collect();
+        self.received(node, group, client, max, &ids, "poll-answer");
+    }
+
+    /// A stream session's transport wrote these deliveries to its connection (a stream of
+    /// credit `window`): from here they are the client's, as a poll's answer is.
+    pub fn stream_written(
+        &self,
+        node: usize,
+        group: &GroupName,
+        client: &ClientId,
+        window: u32,
+        got: &[Delivery],
+    ) {
+        let ids: Vec<DeliveryId> = got.iter().map(|d| d.id).collect();
+        self.received(node, group, client, window, &ids, "stream-write");
+    }
+
+    /// A webhook target answered (or not yet) the request naming these deliveries.
+    pub fn push_answered(&self, ids: &[DeliveryId], answered: Answered) {
+        let mut w = self.lock();
+        for id in ids {
+            w.pushes.insert(*id, answered);
+        }
+    }
+
+    /// A webhook target took a request naming these deliveries (its pusher has credit
+    /// `credit`): from here they are the target's, as a poll's answer is its client's.
+    pub fn pushed(
+        &self,
+        node: usize,
+        group: &GroupName,
+        client: &ClientId,
+        credit: u32,
+        ids: &[DeliveryId],
+    ) {
+        self.received(node, group, client, credit, ids, "push-request");
+    }
+
+    fn received(
+        &self,
+        node: usize,
+        group: &GroupName,
+        client: &ClientId,
+        max: u32,
+        got: &[DeliveryId],
+        what: &'static str,
+    ) {
         let mut w = self.lock();
         let Some(n) = w.nodes.get_mut(node) else {
             return;
         };
         let t = n.clock.now_ms();
         let r = n.tracker.received(group, client, max, got);
-        w.note(
-            node,
-            t,
-            "poll-answer",
-            [got.len() as u64, u64::from(max), 0, 0],
-        );
+        w.note(node, t, what, [got.len() as u64, u64::from(max), 0, 0]);
         if let Err(v) = r {
             w.fail(v);
         }
@@ -913,9 +973,14 @@ impl Inner {
                     [u64::from(*max), u64::from(ok), 0, 0],
                 );
                 self.checker.client_poll(group, client, *max, ok);
-                self.nodes[node]
-                    .tracker
-                    .credit(group, client, *max, unjumped);
+                // A webhook pusher's credit at 0 ends nothing: what it took is in requests
+                // on their way to the target (each ends in an answer, an error or the
+                // pusher's timeout, and settles then), not an answer that goes at once.
+                if client.as_str() != PUSH_CLIENT {
+                    self.nodes[node]
+                        .tracker
+                        .credit(group, client, *max, unjumped);
+                }
             }
             Input::PartitionsAssigned { group, partitions } if ok => {
                 for (i, a) in partitions.iter().enumerate() {
@@ -1071,6 +1136,9 @@ impl Inner {
         };
         let first = ids.first().map_or(0, |id| id.offset);
         self.note(node, t, "settle", [code, ids.len() as u64, first, 0]);
+        if !matches!(kind, SettleKind::Extend(_)) {
+            self.check_pushed(group, kind, ids);
+        }
         let r = self.checker.settled(t, group, kind, ids, response);
         self.check(r);
         if !matches!(kind, SettleKind::Extend(_)) {
@@ -1079,6 +1147,37 @@ impl Inner {
         self.nodes[node]
             .tracker
             .mesh_answered(group, kind, ids, response);
+    }
+
+    /// A settle of deliveries a webhook target took must follow its answer: an ACK only
+    /// after a 2xx; a NACK after a 429/503 with `Retry-After` delayed by it, capped by the
+    /// group's backoff maximum; after any other answer or none, the group's backoff.
+    fn check_pushed(&mut self, group: &GroupName, kind: SettleKind, ids: &[DeliveryId]) {
+        let max_ms = self
+            .live_specs
+            .get(group)
+            .map_or(u64::MAX, |s| s.backoff.max_ms);
+        for id in ids {
+            let Some(answered) = self.pushes.remove(id) else {
+                continue;
+            };
+            let expected = match answered {
+                Answered::Ok => SettleKind::Ack,
+                Answered::Deferred(secs) => {
+                    SettleKind::Nack(Some(secs.saturating_mul(1000).min(max_ms)))
+                }
+                Answered::Failed | Answered::Taken => SettleKind::Nack(None),
+            };
+            if kind != expected {
+                self.fail(violation(
+                    Clause::C1,
+                    format!(
+                        "{group}: the pusher settled {id} as {kind:?}, but its target answered {answered:?} (expected {expected:?})"
+                    ),
+                ));
+                return;
+            }
+        }
     }
 
     fn observe_effect(&mut self, node: usize, t: Millis, effect: &Effect) {

@@ -15,50 +15,36 @@
 
 #![cfg(madsim)]
 
-use unimesh_sim_shell::{check_determinism_groups, run_shape, Counts, GROUPS};
+use unimesh_sim_shell::sweep::{checking_determinism, env_u64, replay, same_seed_twice, sweep};
+use unimesh_sim_shell::{check_determinism_groups, run_shape, Failure, Report, GROUPS};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+fn run_groups(seed: u64) -> Result<Report, Box<Failure>> {
+    run_shape(seed, GROUPS)
 }
 
 #[test]
 fn groups_sweep() {
     let n = env_u64("UNIMESH_GROUP_SEEDS", 40);
     let from = env_u64("MADSIM_TEST_SEED", 0);
-    let checked = if std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some() {
+    let checked = if checking_determinism() {
         env_u64("UNIMESH_GROUP_DETERMINISM_SEEDS", 4)
     } else {
         0
     };
-    let started = std::time::Instant::now();
-    let mut failed = Vec::new();
-    let mut counts = Counts::default();
-    for seed in from..from + n {
-        let run = if seed < from + checked {
+    let run = move |seed: u64| {
+        if seed < from + checked {
             check_determinism_groups(seed)
         } else {
-            run_shape(seed, GROUPS)
-        };
-        match run {
-            Ok(r) => counts += &r.counts,
-            Err(f) => {
-                eprintln!("{f}");
-                eprintln!("(the group shape: replay with `--test groups groups_replay`)");
-                failed.push(seed);
-            }
+            run_groups(seed)
         }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "groups: {n} seeds in {secs:.1} s ({:.2} seeds/s, determinism checked: {checked}); injected: {counts}",
-        n as f64 / secs.max(1e-9)
-    );
+    };
+    let note = format!("determinism checked: {checked}");
+    let swept = sweep("groups", "groups groups_replay", &note, from, n, &run);
+    let counts = swept.counts;
     assert!(
-        failed.is_empty(),
-        "failing seeds of the group shape: {failed:?}"
+        swept.failed.is_empty(),
+        "failing seeds of the group shape: {:?}",
+        swept.failed
     );
     // A sweep in which no member was expired, nothing moved between nodes or no zombie's
     // commit was refused proved nothing about the group path.
@@ -85,24 +71,14 @@ fn groups_sweep() {
 
 #[test]
 fn groups_replay() {
-    let seed = env_u64("MADSIM_TEST_SEED", 0);
-    match run_shape(seed, GROUPS) {
-        Ok(r) => eprintln!(
-            "groups seed {seed}: {} steps, {} incarnations, {} ms simulated, trace {:016x}\n  injected: {}\n  checker: {:?}",
-            r.steps, r.incarnations, r.sim_ms, r.trace_hash, r.counts, r.stats
-        ),
-        Err(f) => panic!("{f}"),
-    }
+    replay("groups", env_u64("MADSIM_TEST_SEED", 0), &run_groups);
 }
 
 #[test]
 fn groups_same_seed_same_trace() {
-    let seed = env_u64("MADSIM_TEST_SEED", 5);
-    let first = run_shape(seed, GROUPS).unwrap_or_else(|f| panic!("{f}"));
-    let again = run_shape(seed, GROUPS).unwrap_or_else(|f| panic!("{f}"));
-    assert_eq!(
-        first.trace_hash, again.trace_hash,
-        "seed {seed} of the group shape replayed differently"
+    same_seed_twice(
+        "the group shape",
+        env_u64("MADSIM_TEST_SEED", 5),
+        &run_groups,
     );
-    assert_eq!(first.steps, again.steps);
 }

@@ -16,44 +16,31 @@
 
 #![cfg(madsim)]
 
-use unimesh_sim_shell::{check_determinism_kafka, kafka_backend, run_seed_on, Counts};
+use unimesh_sim_shell::sweep::{checking_determinism, env_u64, replay, same_seed_twice, sweep};
+use unimesh_sim_shell::{check_determinism_kafka, kafka_backend, run_seed_on};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+fn run_kafka(seed: u64) -> Result<unimesh_sim_shell::Report, Box<unimesh_sim_shell::Failure>> {
+    run_seed_on(seed, kafka_backend)
 }
 
 #[test]
 fn kafka_sweep() {
     let n = env_u64("UNIMESH_KAFKA_SEEDS", 24);
     let from = env_u64("MADSIM_TEST_SEED", 0);
-    let started = std::time::Instant::now();
-    let mut failed = Vec::new();
-    let mut counts = Counts::default();
-    let determinism = std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some();
-    for seed in from..from + n {
-        let run = if determinism {
-            check_determinism_kafka(seed)
-        } else {
-            run_seed_on(seed, kafka_backend)
-        };
-        match run {
-            Ok(r) => counts += &r.counts,
-            Err(f) => {
-                eprintln!("{f}");
-                eprintln!("(on the Kafka backend: replay with `--test kafka kafka_replay`)");
-                failed.push(seed);
-            }
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "kafka: {n} seeds in {secs:.1} s ({:.2} seeds/s, determinism checked: {determinism}); injected: {counts}",
-        n as f64 / secs.max(1e-9)
+    let determinism = checking_determinism();
+    let run: &unimesh_sim_shell::sweep::RunSeed = if determinism {
+        &check_determinism_kafka
+    } else {
+        &run_kafka
+    };
+    let note = format!("determinism checked: {determinism}");
+    let swept = sweep("kafka", "kafka kafka_replay", &note, from, n, run);
+    let counts = swept.counts;
+    assert!(
+        swept.failed.is_empty(),
+        "failing seeds on Kafka: {:?}",
+        swept.failed
     );
-    assert!(failed.is_empty(), "failing seeds on Kafka: {failed:?}");
     // A sweep in which no node was killed, or no restart resumed a partition from its
     // progress record, proved nothing about exact resume.
     if n >= 8 {
@@ -68,27 +55,14 @@ fn kafka_sweep() {
 
 #[test]
 fn kafka_replay() {
-    let seed = env_u64("MADSIM_TEST_SEED", 0);
-    match run_seed_on(seed, kafka_backend) {
-        Ok(r) => eprintln!(
-            "kafka seed {seed}: {} steps, {} incarnations, {} ms simulated, trace {:016x}\n  injected: {}\n  checker: {:?}",
-            r.steps, r.incarnations, r.sim_ms, r.trace_hash, r.counts, r.stats
-        ),
-        Err(f) => panic!("{f}"),
-    }
+    replay("kafka", env_u64("MADSIM_TEST_SEED", 0), &run_kafka);
 }
 
 #[test]
 fn kafka_same_seed_same_trace() {
     let seed = env_u64("MADSIM_TEST_SEED", 3);
-    let first = run_seed_on(seed, kafka_backend).unwrap_or_else(|f| panic!("{f}"));
-    let again = run_seed_on(seed, kafka_backend).unwrap_or_else(|f| panic!("{f}"));
-    assert_eq!(
-        first.trace_hash, again.trace_hash,
-        "seed {seed} replayed differently on Kafka"
-    );
-    assert_eq!(first.steps, again.steps);
-    if std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some() {
+    let first = same_seed_twice("kafka", seed, &run_kafka);
+    if checking_determinism() {
         let checked = check_determinism_kafka(seed).unwrap_or_else(|f| panic!("{f}"));
         assert_eq!(checked.trace_hash, first.trace_hash);
     }

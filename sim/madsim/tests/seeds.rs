@@ -10,37 +10,18 @@
 
 #![cfg(madsim)]
 
+use unimesh_sim_shell::sweep::{
+    checking_determinism, env_u64, replay as replay_seed, same_seed_twice, sweep as run_sweep,
+};
 use unimesh_sim_shell::{check_determinism, run_seed};
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[test]
 fn sweep() {
     let n = env_u64("MADSIM_TEST_NUM", 200);
     let from = env_u64("MADSIM_TEST_SEED", 0);
-    let started = std::time::Instant::now();
-    let mut failed = Vec::new();
-    let mut counts = unimesh_sim_shell::Counts::default();
-    for seed in from..from + n {
-        match run_seed(seed) {
-            Ok(r) => counts += &r.counts,
-            Err(f) => {
-                eprintln!("{f}");
-                failed.push(seed);
-            }
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "{n} seeds in {secs:.1} s ({:.2} seeds/s); injected: {counts}",
-        n as f64 / secs.max(1e-9)
-    );
-    assert!(failed.is_empty(), "failing seeds: {failed:?}");
+    let swept = run_sweep("embedded", "seeds replay", "", from, n, &run_seed);
+    let counts = swept.counts;
+    assert!(swept.failed.is_empty(), "failing seeds: {:?}", swept.failed);
     // A sweep of many seeds that injected nothing proves nothing; nor one in which no
     // engine ever handed back what a poll whose request had gone was handed (the #5282
     // path, which the tracker holds to "at once").
@@ -55,32 +36,19 @@ fn sweep() {
 
 #[test]
 fn replay() {
-    let seed = env_u64("MADSIM_TEST_SEED", 0);
-    match run_seed(seed) {
-        Ok(r) => eprintln!(
-            "seed {seed}: {} steps, {} incarnations, {} ms simulated, trace {:016x}\n  injected: {}\n  checker: {:?}",
-            r.steps, r.incarnations, r.sim_ms, r.trace_hash, r.counts, r.stats
-        ),
-        Err(f) => panic!("{f}"),
-    }
+    replay_seed("embedded", env_u64("MADSIM_TEST_SEED", 0), &run_seed);
 }
 
 #[test]
 fn same_seed_same_trace() {
     let seed = env_u64("MADSIM_TEST_SEED", 7);
-    let first = run_seed(seed).unwrap_or_else(|f| panic!("{f}"));
-    let again = run_seed(seed).unwrap_or_else(|f| panic!("{f}"));
-    assert_eq!(
-        first.trace_hash, again.trace_hash,
-        "seed {seed} replayed differently"
-    );
-    assert_eq!(first.steps, again.steps);
+    let first = same_seed_twice("embedded", seed, &run_seed);
     let other = run_seed(seed + 1).unwrap_or_else(|f| panic!("{f}"));
     assert_ne!(
         first.trace_hash, other.trace_hash,
         "the trace hash ignores the seed"
     );
-    if std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some() {
+    if checking_determinism() {
         let checked = check_determinism(seed).unwrap_or_else(|f| panic!("{f}"));
         assert_eq!(checked.trace_hash, first.trace_hash);
     }

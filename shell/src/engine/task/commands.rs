@@ -2,6 +2,7 @@
 //! Requests that change durable state (subscriptions, removals, seeks) answer once the
 //! persist that carries the change is durable (`flush_after`).
 
+use futures_util::FutureExt;
 use madsim_tokio as tokio;
 use tokio::sync::oneshot;
 use unimesh_core::{
@@ -11,8 +12,8 @@ use unimesh_core::{
 
 use super::EngineTask;
 use crate::engine::api::{refusal, topic_error, ClientInfo, EngineError, Settling};
-use crate::engine::command::{Command, Event, Reply};
-use crate::engine::ports::{AppendError, TopicFacts};
+use crate::engine::command::{Command, Event, Reply, Seek};
+use crate::engine::ports::{StorageError, TopicFacts};
 
 impl EngineTask {
     pub(super) fn on_command(&mut self, command: Command) {
@@ -30,12 +31,12 @@ impl EngineTask {
                 let _ = reply.send(Ok(self.clients()));
             }
             Command::Evict { client, reply } => self.on_evict(client, reply),
-            Command::Metrics { reply } => {
-                let _ = reply.send(Ok(self.metrics()));
-            }
-            Command::Offsets { topic, reply } => {
-                let _ = reply.send(self.offsets(&topic));
-            }
+            Command::Metrics { reply } => self.answer_with_ends(
+                Ok(self.metrics()),
+                |m| m.groups.iter_mut().flat_map(|g| &mut g.lanes).collect(),
+                reply,
+            ),
+            Command::Offsets { topic, reply } => self.on_offsets(topic, reply),
             Command::OpenStream {
                 group,
                 client,
@@ -87,14 +88,16 @@ impl EngineTask {
             Command::Shutdown { reply } => self.on_shutdown(reply),
             Command::Subscribe { spec, reply } => self.on_subscribe(spec, reply),
             Command::Subscription { group, reply } => {
-                let r = self
+                let info = self
                     .info(&group)
                     .ok_or_else(|| EngineError::UnknownGroup(group.clone()));
-                let _ = reply.send(r);
+                self.answer_with_ends(info, |i| i.lanes.iter_mut().collect(), reply)
             }
-            Command::Subscriptions { reply } => {
-                let _ = reply.send(Ok(self.subscriptions()));
-            }
+            Command::Subscriptions { reply } => self.answer_with_ends(
+                Ok(self.subscriptions()),
+                |all| all.iter_mut().flat_map(|i| &mut i.lanes).collect(),
+                reply,
+            ),
             Command::Unsubscribe { group, reply } => self.on_unsubscribe(group, reply),
         }
     }
@@ -174,7 +177,12 @@ impl EngineTask {
         }
     }
 
-    /// Operator rewind or skip of one partition; answers the offset once durable.
+    /// Operator rewind or skip of one partition; answers the offset once durable. A seek
+    /// outside what the log holds would read as a broker truncation (past the end) or as
+    /// retention (below the earliest): the log is asked for the partition's range (when
+    /// it does not answer at once, off the task: `Event::SeekRange`), and the seek is
+    /// refused, or with `clamp` (an offset resolved from a time) moved to the nearest
+    /// offset the log holds.
     fn on_seek(
         &mut self,
         group: GroupName,
@@ -183,28 +191,84 @@ impl EngineTask {
         clamp: bool,
         reply: Reply<Offset>,
     ) {
-        // A seek outside what the log holds would read as a broker truncation (past the
-        // end) or as retention (below the earliest): refuse it instead, or with `clamp`
-        // (an offset resolved from a time) take the nearest offset the log holds.
-        let mut offset = offset;
-        if let Some(topic) = self.mesh.subscription(&group).map(|s| s.topic.clone()) {
-            let refused = match self.log.offsets(&topic, partition) {
-                Ok((earliest, end)) if clamp => {
-                    offset = offset.clamp(earliest, end.max(earliest));
-                    None
-                }
-                Ok((earliest, end)) if offset < earliest || offset > end => Some(format!(
+        let Some(topic) = self.mesh.subscription(&group).map(|s| s.topic.clone()) else {
+            // No such group: the core refuses it.
+            self.seek(group, partition, offset, reply);
+            return;
+        };
+        let mut range = self.log.offsets(topic.clone(), partition);
+        let seek = Box::new(Seek {
+            group,
+            topic,
+            partition,
+            offset,
+            clamp,
+            reply,
+        });
+        if let Some(range) = (&mut range).now_or_never() {
+            self.on_seek_range(*seek, range);
+            return;
+        }
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let range = range.await;
+            let _ = events.send(Event::SeekRange { seek, range }).await;
+        });
+    }
+
+    /// The log answered the range of a seek's partition: the seek applies, moved or refused.
+    pub(super) fn on_seek_range(
+        &mut self,
+        seek: Seek,
+        range: Result<(Offset, Offset), StorageError>,
+    ) {
+        let Seek {
+            group,
+            topic,
+            partition,
+            mut offset,
+            clamp,
+            reply,
+        } = seek;
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(EngineError::Unavailable(
+                "the engine is stopping".into(),
+            )));
+            return;
+        }
+        let refused = match range {
+            Ok((earliest, end)) if clamp => {
+                offset = offset.clamp(earliest, end.max(earliest));
+                None
+            }
+            Ok((earliest, end)) if offset < earliest || offset > end => {
+                Some(EngineError::BadRequest(format!(
                     "offset {offset} is outside partition {partition} of topic {topic}, which \
                      holds {earliest}..{end}"
-                )),
-                Ok(_) => None,
-                Err(_) => Some(format!("topic {topic} has no partition {partition}")),
-            };
-            if let Some(message) = refused {
-                let _ = reply.send(Err(EngineError::BadRequest(message)));
-                return;
+                )))
             }
+            Ok(_) => None,
+            Err(StorageError::Invalid(_)) => Some(EngineError::BadRequest(format!(
+                "topic {topic} has no partition {partition}"
+            ))),
+            Err(e) => Some(EngineError::from(e)),
+        };
+        match refused {
+            Some(e) => {
+                let _ = reply.send(Err(e));
+            }
+            None => self.seek(group, partition, offset, reply),
         }
+    }
+
+    /// Applies a seek; answers the offset once durable.
+    fn seek(
+        &mut self,
+        group: GroupName,
+        partition: Partition,
+        offset: Offset,
+        reply: Reply<Offset>,
+    ) {
         match self.handle(Input::Seek {
             group: group.clone(),
             partition,
@@ -315,7 +379,7 @@ impl EngineTask {
         &mut self,
         spec: Box<SubscriptionSpec>,
         reply: Reply<bool>,
-        facts: Result<TopicFacts, AppendError>,
+        facts: Result<TopicFacts, StorageError>,
     ) {
         self.subscribing = false;
         if self.shutdown.is_some() {
@@ -384,7 +448,9 @@ impl EngineTask {
             let _ = reply.send(Err(refusal(r, &group)));
             return;
         }
-        self.log.leave(&group);
+        if let Some(groups) = self.log.group() {
+            groups.leave(&group);
+        }
         for key in self.polls.keys(Some(&group)) {
             if let Some(w) = self.polls.take(&key) {
                 let _ = w.reply.send(Err(EngineError::UnknownGroup(group.clone())));

@@ -35,7 +35,7 @@ use super::api::{topic_error, EngineError, Shared};
 use super::command::{Command, Event, Reply};
 use super::decode_record;
 use super::persist::Fences;
-use super::ports::{GroupEvent, LogPort, LogRead, TopicFacts};
+use super::ports::{GroupEvent, LogPort, LogRead, StorageError, TopicFacts};
 use super::stream::Notice;
 use super::tap::EngineTap;
 use invariants::InvariantSampler;
@@ -224,18 +224,15 @@ impl EngineTask {
         topic: &TopicName,
         facts: &TopicFacts,
     ) -> Result<(), EngineError> {
-        if self.log.assigns_partitions() {
-            return self
-                .log
-                .join(group, topic)
-                .map_err(EngineError::Unavailable);
+        if let Some(groups) = self.log.group() {
+            return groups.join(group, topic).map_err(EngineError::from);
         }
         self.assign_all(group, facts)
     }
 
     /// Whether [`Self::place_group`] needs each partition's offsets.
     fn placing_needs_offsets(&self) -> bool {
-        !self.log.assigns_partitions()
+        self.log.group().is_none()
     }
 
     /// Assigns every partition of the topic whose `facts` are given to `group` (the
@@ -417,7 +414,7 @@ impl EngineTask {
                         tracing::error!(ticket, "the persist writer is gone; persist failed");
                         let _ = self.events_tx.try_send(Event::Persisted {
                             ticket,
-                            result: Err("the persist writer is gone".into()),
+                            result: Err(StorageError::unavailable("the persist writer is gone")),
                         });
                     }
                 }
@@ -444,7 +441,11 @@ impl EngineTask {
                     topic,
                     partition,
                     offset,
-                } => self.log.commit(&group, &topic, partition, offset),
+                } => {
+                    if let Some(groups) = self.log.group() {
+                        groups.commit(&group, &topic, partition, offset);
+                    }
+                }
                 // No log of this shell is a POP broker.
                 Effect::BrokerAck { .. } => {}
                 other => tracing::warn!(?other, "effect not handled by this shell"),
@@ -691,6 +692,7 @@ impl EngineTask {
             Event::TopicPrepared { spec, reply, facts } => {
                 self.on_topic_prepared(spec, reply, facts)
             }
+            Event::SeekRange { seek, range } => self.on_seek_range(*seek, range),
             Event::Fetched {
                 group,
                 partition,

@@ -65,9 +65,13 @@ async fn boot(log: Arc<dyn LogPort>) -> EngineHandle {
 }
 
 /// Records in the log's topic, over every partition.
-fn stored(log: &dyn LogPort, topic: &str) -> u64 {
-    let n = log.partitions(&t(topic)).unwrap_or(0);
-    (0..n).map(|p| log.offsets(&t(topic), p).unwrap().1).sum()
+async fn stored(log: &dyn LogPort, topic: &str) -> u64 {
+    let n = log.partitions(t(topic)).await.unwrap_or(0);
+    let mut sum = 0;
+    for p in 0..n {
+        sum += log.offsets(t(topic), p).await.unwrap().1;
+    }
+    sum
 }
 
 fn places(results: &[PublishResult]) -> Vec<(u32, u64, bool)> {
@@ -86,7 +90,7 @@ async fn a_repeat_is_answered_with_the_first_place_and_not_appended() {
     let handle = boot(Arc::new(log.clone())).await;
     let first = publish(&handle, "orders", &[("/a", "1"), ("/a", "2")]).await;
     assert!(first.iter().all(|r| !r.duplicate));
-    assert_eq!(stored(&log, "orders"), 2);
+    assert_eq!(stored(&log, "orders").await, 2);
 
     let again = handle
         .publish(
@@ -95,7 +99,7 @@ async fn a_repeat_is_answered_with_the_first_place_and_not_appended() {
         )
         .await
         .unwrap();
-    assert_eq!(stored(&log, "orders"), 3, "only /b 1 is new");
+    assert_eq!(stored(&log, "orders").await, 3, "only /b 1 is new");
     let (p2, o2, _) = places(&first)[1];
     let (p1, o1, _) = places(&first)[0];
     let got = places(&again);
@@ -125,7 +129,7 @@ async fn a_topic_without_a_window_appends_every_repeat() {
         let r = publish(&handle, "other", &[("/a", "1")]).await;
         assert!(!r[0].duplicate);
     }
-    assert_eq!(stored(&log, "other"), 2);
+    assert_eq!(stored(&log, "other").await, 2);
 }
 
 /// Goal: a publish that failed leaves nothing in the window, so its retry is appended
@@ -143,7 +147,7 @@ async fn a_failed_publish_is_not_remembered_and_its_retry_appends() {
     log.set_fault(None);
     let r = publish(&handle, "orders", &[("/a", "1")]).await;
     assert!(!r[0].duplicate);
-    assert_eq!(stored(&log, "orders"), 1);
+    assert_eq!(stored(&log, "orders").await, 1);
 }
 
 /// The in-memory log, whose appends take a while (so publishes overlap).
@@ -167,7 +171,7 @@ impl LogPort for SlowAppends {
         &self,
         topic: TopicName,
         items: Vec<crate::storage::log::AppendItem>,
-    ) -> BoxFut<Result<Vec<(unimesh_core::Partition, unimesh_core::Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(unimesh_core::Partition, unimesh_core::Offset)>, StorageError>> {
         let append = self.0.append(topic, items);
         Box::pin(async move {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -178,21 +182,21 @@ impl LogPort for SlowAppends {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.0.prepare_topic(topic, with_offsets)
     }
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.0.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&self.0, topic)
     }
     fn offsets(
         &self,
-        topic: &TopicName,
+        topic: TopicName,
         partition: unimesh_core::Partition,
-    ) -> Result<(unimesh_core::Offset, unimesh_core::Offset), String> {
-        self.0.offsets(topic, partition)
+    ) -> BoxFut<Result<(unimesh_core::Offset, unimesh_core::Offset), StorageError>> {
+        LogPort::offsets(&self.0, topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, String> {
-        self.0.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&self.0)
     }
 }
 
@@ -213,7 +217,7 @@ async fn concurrent_repeats_append_once() {
     for task in tasks {
         results.push(task.await.unwrap().unwrap().remove(0));
     }
-    assert_eq!(stored(&log, "orders"), 1);
+    assert_eq!(stored(&log, "orders").await, 1);
     assert_eq!(results.iter().filter(|r| !r.duplicate).count(), 1);
     let place = (results[0].partition, results[0].offset);
     assert!(results.iter().all(|r| (r.partition, r.offset) == place));
@@ -232,7 +236,7 @@ async fn a_log_without_append_times_starts_each_window_empty() {
     let handle = boot(Arc::new(log.clone())).await;
     let r = publish(&handle, "orders", &[("/a", "1")]).await;
     assert!(!r[0].duplicate);
-    assert_eq!(stored(&log, "orders"), 2);
+    assert_eq!(stored(&log, "orders").await, 2);
 }
 
 /// Goal: the embedded log's window survives a restart: it is refilled from the records
@@ -256,7 +260,7 @@ async fn the_embedded_log_refills_the_window_at_restart() {
         (first[1].partition, first[1].offset, true)
     );
     assert!(!again[1].duplicate);
-    assert_eq!(stored(&log, "orders"), 3);
+    assert_eq!(stored(&log, "orders").await, 3);
 }
 
 /// Goal: the refill reads only the window: records appended before it are not kept.

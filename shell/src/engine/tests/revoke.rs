@@ -14,7 +14,9 @@ use super::{
     start, EngineHandle, GroupName, MemoryDisk, MemoryLog, MemoryStore, Settle, Settling,
     StoreAdapter, TopicName,
 };
-use crate::engine::ports::{AppendError, BoxFut, GroupEvent, LogPort, LogRead, TopicFacts};
+use crate::engine::ports::{
+    BoxFut, GroupEvent, GroupLog, LogPort, LogRead, StorageError, TopicFacts,
+};
 use crate::engine::StatePort;
 use crate::storage::log::AppendItem;
 use crate::storage::state::{DlqEntry, Loaded};
@@ -77,7 +79,7 @@ impl Grouped {
     /// Gives `partition` of `group` (on topic `topic`) to the engine again, with no
     /// progress read for it.
     async fn give(&self, group: &str, topic: &str, partition: Partition) {
-        let (earliest, end) = self.inner.offsets(&t(topic), partition).unwrap();
+        let (earliest, end) = MemoryLog::offsets(&self.inner, &t(topic), partition).unwrap();
         self.events()
             .send(GroupEvent::Assigned {
                 group: g(group),
@@ -111,36 +113,43 @@ impl LogPort for Grouped {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         self.inner.append(topic, items)
     }
     fn prepare_topic(
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&self.inner, topic)
     }
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        self.inner.offsets(topic, partition)
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&self.inner, topic, partition)
     }
-    fn enforce_retention(&self) -> Result<usize, String> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&self.inner)
     }
-    fn assigns_partitions(&self) -> bool {
-        true
+    fn group(&self) -> Option<&dyn GroupLog> {
+        Some(self)
     }
+}
+
+impl GroupLog for Grouped {
     fn attach(&self, events: mpsc::Sender<GroupEvent>) {
         *self.events.lock().unwrap() = Some(events);
     }
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
-        let n = self.inner.partitions(topic).unwrap_or(0);
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
+        let n = MemoryLog::partitions(&self.inner, topic).unwrap_or(0);
         let mut partitions = Vec::new();
         for p in 0..n {
-            let (earliest, end) = self.inner.offsets(topic, p)?;
+            let (earliest, end) = MemoryLog::offsets(&self.inner, topic, p)?;
             partitions.push(Assignment {
                 partition: p,
                 earliest,
@@ -154,7 +163,16 @@ impl LogPort for Grouped {
                 group: group.clone(),
                 partitions,
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| StorageError::unavailable(e.to_string()))
+    }
+    fn leave(&self, _group: &GroupName) {}
+    fn commit(
+        &self,
+        _group: &GroupName,
+        _topic: &TopicName,
+        _partition: Partition,
+        _offset: Offset,
+    ) {
     }
 }
 
@@ -211,10 +229,10 @@ impl Scripted {
     /// Follows the script's `step`, then makes `write` and keeps the batch as durable.
     async fn write(
         step: Option<Step>,
-        write: BoxFut<Result<(), String>>,
+        write: BoxFut<Result<(), StorageError>>,
         durable: &Mutex<Vec<Arc<PersistBatch>>>,
         batch: Arc<PersistBatch>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StorageError> {
         let fail = match step {
             Some(Step::Hold(n)) => {
                 n.notified().await;
@@ -227,7 +245,7 @@ impl Scripted {
             Some(Step::Pass) | None => false,
         };
         if fail {
-            return Err("the test failed this write".into());
+            return Err(StorageError::unavailable("the test failed this write"));
         }
         write.await?;
         durable.lock().unwrap().push(batch);
@@ -236,10 +254,14 @@ impl Scripted {
 }
 
 impl StatePort for Scripted {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         self.inner.load()
     }
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         self.started.fetch_add(1, Ordering::SeqCst);
         let step = self.script.lock().unwrap().pop_front();
         let write = self.inner.apply(Arc::clone(&batch), now_wall_ms);
@@ -251,14 +273,18 @@ impl StatePort for Scripted {
             result
         })
     }
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list(group, max)
     }
     fn put_rate_rule(
         &self,
         topic: TopicName,
         rule: Option<unimesh_core::RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.inner.put_rate_rule(topic, rule)
     }
 }
@@ -466,7 +492,7 @@ async fn a_revocation_with_only_a_persist_out_ends_when_it_is_durable() {
 /// partition came back to this instance before the writer got to it. Before, the state
 /// port looked its ownership up when it wrote, so the old lane's checkpoint went out under
 /// the new ownership and outranked what the owners in between had written (the "open"
-/// case of `kafka/progress.rs`; found by the madsim group shape, seed 204). Method:
+/// case of `kafka/io/progress.rs`; found by the madsim group shape, seed 204). Method:
 /// flushes every 5 ms; the first ACK's persist held at the store; the second ACK's persist
 /// issued behind it; the partition lost, then given back; the hold let go. The store never
 /// holds the second ACK's checkpoint of the old lane (watermark 2).

@@ -2,12 +2,13 @@
 //! Kafka cluster, Kafka storing the events and its group coordinator deciding which
 //! instance serves which partition of which subscription group. No home-made coordinator.
 //!
-//! The rooms: this file holds the settings and the [`KafkaLog`] port (publish, topics,
-//! offsets); `consumer` one consumer per (instance, group) whose rebalance callbacks become
+//! The rooms, split the quinn-proto way: `rules/` the decisions, free of librdkafka and
+//! tokio; `io/` the librdkafka side. This file holds the settings; `io/log` the
+//! [`KafkaLog`] port (publish, topics, offsets); `io/consumer` one consumer per (instance, group) whose rebalance callbacks become
 //! the core's `PartitionsAssigned` / `PartitionsRevoked` and which carries out the core's
-//! `Fetch` (seek, pause, resume) and `Commit`; `progress` the compacted progress topic that
+//! `Fetch` (seek, pause, resume) and `Commit`; `io/progress` the compacted progress topic that
 //! holds each lane's ACK ranges and attempt counts above the committed offset, and the
-//! state port that writes it; `epochs` the leader-epoch check of what a lane knows against
+//! state port that writes it; `rules/epochs` (with `io/probe`) the leader-epoch check of what a lane knows against
 //! the log (a lost and refilled tail).
 //!
 //! Contracts (docs/DESIGN.md §3, §5, §7):
@@ -32,37 +33,19 @@
 //! `simulated`: the same `rules/` driven by the simulation's group coordinator (the
 //! harness's, [`SimCoordinator`]), with commits and committed offsets kept there.
 
-mod client_log;
-#[cfg(not(madsim))]
-mod consumer;
-mod dlq;
-mod epochs;
-mod log;
-#[cfg(not(madsim))]
-mod nudge;
-mod progress;
-mod properties;
-mod records;
+mod io;
 pub mod rules;
-#[cfg(madsim)]
-mod simulated;
-mod subscriptions;
-#[cfg(not(madsim))]
-mod times;
-mod whole;
 
 use std::time::Duration;
 
-pub use log::KafkaLog;
-pub use progress::KafkaState;
-pub use properties::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
-pub use records::{decode_message, unframed};
-pub use rules::Rebalance;
-#[cfg(madsim)]
-pub use simulated::{MemberId, SimCoordinator};
 #[cfg(not(madsim))]
-pub use subscriptions::watch as watch_subscriptions;
-pub use subscriptions::{definition, definitions};
+pub use io::watch_subscriptions;
+pub use io::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
+pub use io::{decode_message, unframed, KafkaLog, KafkaState};
+pub use io::{definition, definitions};
+#[cfg(madsim)]
+pub use io::{MemberId, SimCoordinator};
+pub use rules::Rebalance;
 
 /// Everything the Kafka backend needs from the configuration.
 #[derive(Clone, Debug)]

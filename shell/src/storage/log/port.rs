@@ -7,7 +7,7 @@ use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
 use super::{AppendItem, EmbeddedLog, LogError, ReadResult};
 use crate::storage::ports::{
-    AppendError, BoxFut, LogMetrics, LogPort, LogRead, RecentAppends, TopicFacts,
+    BoxFut, LogMetrics, LogPort, LogRead, RecentAppends, StorageError, TopicFacts,
 };
 
 /// One read of the embedded log on the blocking pool (RocksDB calls block).
@@ -42,13 +42,13 @@ fn log_read(read: ReadResult) -> LogRead {
 }
 
 /// Sorts the embedded log's errors into what the caller did wrong and what failed.
-fn append_error(e: LogError) -> AppendError {
+fn append_error(e: LogError) -> StorageError {
     match e {
         LogError::RecordTooLarge { .. }
         | LogError::AppendTooLarge { .. }
-        | LogError::TooManyRecords { .. } => AppendError::TooLarge(e.to_string()),
-        e if e.is_caller_error() => AppendError::Invalid(e.to_string()),
-        e => AppendError::Unavailable(e.to_string()),
+        | LogError::TooManyRecords { .. } => StorageError::TooLarge(e.to_string()),
+        e if e.is_caller_error() => StorageError::Invalid(e.to_string()),
+        e => StorageError::from_source(e),
     }
 }
 
@@ -94,7 +94,7 @@ impl LogPort for EmbeddedLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let log = self.clone();
         Box::pin(async move { log.append(&topic, items).await.map_err(append_error) })
     }
@@ -103,23 +103,25 @@ impl LogPort for EmbeddedLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             // Creating a topic is a synced RocksDB write: the blocking pool's.
             crate::storage::spawn_blocking(move || {
                 let info = EmbeddedLog::ensure_topic(&log, &topic).map_err(append_error)?;
                 TopicFacts::read(info.partitions, with_offsets, |p| {
-                    EmbeddedLog::offsets(&log, &topic, p).map_err(|e| e.to_string())
+                    EmbeddedLog::offsets(&log, &topic, p).map_err(append_error)
                 })
             })
             .await
-            .unwrap_or_else(|e| Err(AppendError::Unavailable(format!("topic task failed: {e}"))))
+            .unwrap_or_else(|e| Err(StorageError::unavailable(format!("topic task failed: {e}"))))
         })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.topic(topic).map(|t| t.partitions)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        // In memory: the topics are loaded at open.
+        let n = self.topic(&topic).map(|t| t.partitions);
+        Box::pin(async move { n })
     }
 
     fn offset_for_time(
@@ -127,7 +129,7 @@ impl LogPort for EmbeddedLog {
         topic: TopicName,
         partition: Partition,
         time_ms: u64,
-    ) -> BoxFut<Result<Offset, AppendError>> {
+    ) -> BoxFut<Result<Offset, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             // A few RocksDB point reads: the blocking pool's.
@@ -135,22 +137,40 @@ impl LogPort for EmbeddedLog {
                 EmbeddedLog::offset_for_time(&log, &topic, partition, time_ms).map_err(append_error)
             })
             .await
-            .unwrap_or_else(|e| Err(AppendError::Unavailable(format!("lookup task failed: {e}"))))
+            .unwrap_or_else(|e| {
+                Err(StorageError::unavailable(format!(
+                    "lookup task failed: {e}"
+                )))
+            })
         })
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        EmbeddedLog::offsets(self, topic, partition).map_err(|e| e.to_string())
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        // In memory: no read of the disk.
+        let range = EmbeddedLog::offsets(self, &topic, partition).map_err(append_error);
+        Box::pin(async move { range })
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
-        let now_wall_ms = self.config().clock.now_ms();
-        let report =
-            EmbeddedLog::enforce_retention(self, now_wall_ms).map_err(|e| e.to_string())?;
-        for (topic, partition, error) in &report.failed {
-            tracing::warn!(%topic, partition, %error, "retention failed for a partition");
-        }
-        Ok(report.truncated.len())
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        let log = self.clone();
+        Box::pin(async move {
+            // Retention deletes through RocksDB: the blocking pool's.
+            crate::storage::spawn_blocking(move || {
+                let now_wall_ms = log.config().clock.now_ms();
+                let report =
+                    EmbeddedLog::enforce_retention(&log, now_wall_ms).map_err(append_error)?;
+                for (topic, partition, error) in &report.failed {
+                    tracing::warn!(%topic, partition, %error, "retention failed for a partition");
+                }
+                Ok(report.truncated.len())
+            })
+            .await
+            .unwrap_or_else(|e| Err(StorageError::failed("retention task failed", e)))
+        })
     }
 
     fn recent_appends(
@@ -170,7 +190,12 @@ impl LogPort for EmbeddedLog {
                             .into_iter()
                             .map(|(at, offset, bytes)| (at, partition, offset, bytes)),
                     ),
-                    Err(e) => return Some(Err(format!("{}/{partition}: {e}", info.name))),
+                    Err(e) => {
+                        return Some(Err(StorageError::failed(
+                            &format!("{}/{partition}", info.name),
+                            e,
+                        )))
+                    }
                 }
             }
             out.push((info.name, records));

@@ -9,7 +9,7 @@ use madsim_tokio as tokio;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
 
 use crate::storage::log::AppendItem;
-use crate::storage::ports::{AppendError, BoxFut, LogPort, LogRead, TopicFacts};
+use crate::storage::ports::{BoxFut, LogPort, LogRead, StorageError, TopicFacts};
 
 #[derive(Default)]
 struct MemTopic {
@@ -50,6 +50,29 @@ impl MemoryLog {
             earliest: vec![0; n as usize],
         });
         t.partitions.len() as u32
+    }
+
+    /// The partition count of a topic it has.
+    pub fn partitions(&self, topic: &TopicName) -> Option<u32> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics.get(topic).map(|t| t.partitions.len() as u32)
+    }
+
+    /// (earliest, end) of a partition.
+    pub fn offsets(
+        &self,
+        topic: &TopicName,
+        partition: Partition,
+    ) -> Result<(Offset, Offset), StorageError> {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let t = topics
+            .get(topic)
+            .ok_or_else(|| StorageError::Invalid(format!("unknown topic {topic}")))?;
+        let p = t
+            .partitions
+            .get(partition as usize)
+            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {partition}")))?;
+        Ok((t.earliest[partition as usize], p.len() as Offset))
     }
 
     /// Refuses every append with this reason (as the embedded log does after a failed
@@ -109,11 +132,11 @@ impl LogPort for Arc<MemoryLog> {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             if let Some(fault) = LogPort::fault(&log) {
-                return Err(AppendError::Unavailable(fault));
+                return Err(StorageError::unavailable(fault));
             }
             let n = log.ensure_topic(&topic);
             let mut out = Vec::with_capacity(items.len());
@@ -121,7 +144,7 @@ impl LogPort for Arc<MemoryLog> {
                 let mut topics = log.topics.lock().unwrap_or_else(|p| p.into_inner());
                 let t = topics
                     .get_mut(&topic)
-                    .ok_or_else(|| AppendError::Unavailable("topic vanished".into()))?;
+                    .ok_or_else(|| StorageError::unavailable("topic vanished"))?;
                 for item in items {
                     let p = match &item.key {
                         Some(k) => crate::storage::log::partition_for_key(k.as_bytes(), n),
@@ -151,16 +174,16 @@ impl LogPort for Arc<MemoryLog> {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let facts = TopicFacts::read(self.ensure_topic(&topic), with_offsets, |p| {
-            self.offsets(&topic, p)
+            MemoryLog::offsets(self, &topic, p)
         });
         Box::pin(async move { facts })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        topics.get(topic).map(|t| t.partitions.len() as u32)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        let n = MemoryLog::partitions(self, &topic);
+        Box::pin(async move { n })
     }
 
     fn offset_for_time(
@@ -168,13 +191,13 @@ impl LogPort for Arc<MemoryLog> {
         topic: TopicName,
         partition: Partition,
         time_ms: u64,
-    ) -> BoxFut<Result<Offset, AppendError>> {
+    ) -> BoxFut<Result<Offset, StorageError>> {
         let found = {
             let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
             match topics.get(&topic) {
-                None => Err(AppendError::Invalid(format!("unknown topic {topic}"))),
+                None => Err(StorageError::Invalid(format!("unknown topic {topic}"))),
                 Some(t) => match t.times.get(partition as usize) {
-                    None => Err(AppendError::Invalid(format!(
+                    None => Err(StorageError::Invalid(format!(
                         "topic {topic} has no partition {partition}"
                     ))),
                     Some(times) => {
@@ -188,20 +211,17 @@ impl LogPort for Arc<MemoryLog> {
         Box::pin(async move { found })
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        let t = topics
-            .get(topic)
-            .ok_or_else(|| format!("unknown topic {topic}"))?;
-        let p = t
-            .partitions
-            .get(partition as usize)
-            .ok_or_else(|| format!("unknown partition {partition}"))?;
-        Ok((t.earliest[partition as usize], p.len() as Offset))
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        let range = MemoryLog::offsets(self, &topic, partition);
+        Box::pin(async move { range })
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
-        Ok(0)
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        Box::pin(async { Ok(0) })
     }
 
     fn fault(&self) -> Option<String> {

@@ -14,7 +14,7 @@ use unimesh_core::{
     DlqKey, GroupName, Offset, Partition, PersistBatch, RateRule, Record, TopicName,
 };
 use unimesh_shell::engine::{
-    AppendError, BoxFut, GroupEvent, LogMetrics, LogPort, LogRead, StatePort, TopicFacts,
+    BoxFut, GroupLog, LogMetrics, LogPort, LogRead, StatePort, StorageError, TopicFacts,
 };
 use unimesh_shell::log::AppendItem;
 use unimesh_shell::state::{DlqEntry, Loaded};
@@ -119,12 +119,15 @@ impl Distort {
             return T::read(records);
         }
         if T::OUT_OF_RANGE && draw(&rng, |r| r.chance(f.fetch_out_of_range)) {
-            if let Ok((earliest, end)) = inner.offsets(&topic, partition) {
+            if let Ok((earliest, end)) = inner.offsets(topic.clone(), partition).await {
                 world.count(|c| &mut c.fetch_out_of_range);
                 return LogRead::OutOfRange { earliest, end };
             }
         }
-        let earliest = inner.offsets(&topic, partition).map_or(from, |(e, _)| e);
+        let earliest = inner
+            .offsets(topic.clone(), partition)
+            .await
+            .map_or(from, |(e, _)| e);
         if from > earliest && draw(&rng, |r| r.chance(f.fetch_rewind)) {
             let back = draw(&rng, |r| r.range(1, (from - earliest).min(8)));
             let earlier = inner
@@ -234,21 +237,19 @@ impl LogPort for FaultyLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
         Box::pin(async move {
             let f = world.opts.faults.clone();
             if world.faults_on() && draw(&rng, |r| r.chance(f.append_fail)) {
                 world.count(|c| &mut c.append_failures);
-                return Err(AppendError::Unavailable(
-                    "injected: the write failed".into(),
-                ));
+                return Err(StorageError::unavailable("injected: the write failed"));
             }
             let placed = inner.append(topic, items).await?;
             if world.faults_on() && draw(&rng, |r| r.chance(f.append_fail_written)) {
                 world.count(|c| &mut c.appends_failed_but_written);
-                return Err(AppendError::Unavailable(
-                    "injected: the sync reported a failure, but the data was written".into(),
+                return Err(StorageError::unavailable(
+                    "injected: the sync reported a failure, but the data was written",
                 ));
             }
             Ok(placed)
@@ -259,20 +260,24 @@ impl LogPort for FaultyLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&*self.inner, topic)
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        self.inner.offsets(topic, partition)
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&*self.inner, topic, partition)
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&*self.inner)
     }
 
     fn fault(&self) -> Option<String> {
@@ -286,28 +291,8 @@ impl LogPort for FaultyLog {
     // A broker that assigns partitions (Kafka) is reached as it is: faults distort what
     // reads and writes answer, not who owns what.
 
-    fn assigns_partitions(&self) -> bool {
-        self.inner.assigns_partitions()
-    }
-
-    fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
-        self.inner.attach(events)
-    }
-
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
-        self.inner.join(group, topic)
-    }
-
-    fn leave(&self, group: &GroupName) {
-        self.inner.leave(group)
-    }
-
-    fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset) {
-        self.inner.commit(group, topic, partition, offset)
-    }
-
-    fn instance(&self) -> Option<String> {
-        self.inner.instance()
+    fn group(&self) -> Option<&dyn GroupLog> {
+        self.inner.group()
     }
 
     fn close(&self) -> BoxFut<()> {
@@ -345,11 +330,15 @@ impl Drop for Applying {
 }
 
 impl StatePort for FaultyState {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         self.inner.load()
     }
 
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         let (inner, world, rng) = (self.inner.clone(), self.world.clone(), self.rng.clone());
         let applying = self.applying.clone();
         Box::pin(async move {
@@ -367,20 +356,26 @@ impl StatePort for FaultyState {
             }
             if world.faults_on() && draw(&rng, |r| r.chance(f.persist_fail)) {
                 world.count(|c| &mut c.persist_failures);
-                return Err("injected: the state write failed".into());
+                return Err(StorageError::unavailable(
+                    "injected: the state write failed",
+                ));
             }
             inner.apply(batch, now_wall_ms).await?;
             if world.faults_on() && draw(&rng, |r| r.chance(f.persist_fail_written)) {
                 world.count(|c| &mut c.persists_failed_but_written);
-                return Err(
-                    "injected: the sync reported a failure, but the batch was written".into(),
-                );
+                return Err(StorageError::unavailable(
+                    "injected: the sync reported a failure, but the batch was written",
+                ));
             }
             Ok(())
         })
     }
 
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list(group, max)
     }
 
@@ -388,7 +383,7 @@ impl StatePort for FaultyState {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list_for_replay(group, max)
     }
 
@@ -400,7 +395,7 @@ impl StatePort for FaultyState {
         &self,
         topic: TopicName,
         rule: Option<RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.inner.put_rate_rule(topic, rule)
     }
 }

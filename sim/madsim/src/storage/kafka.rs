@@ -58,8 +58,8 @@ use unimesh_core::{
 };
 use unimesh_shell::config::Config;
 use unimesh_shell::engine::{
-    AppendError, BoxFut, EngineConfig, GroupEvent, LogMetrics, LogPort, LogRead, StatePort,
-    TopicFacts,
+    BoxFut, EngineConfig, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, StatePort,
+    StorageError, TopicFacts,
 };
 use unimesh_shell::kafka::{
     decode_message, definition, unframed, KafkaLog, KafkaSettings, KafkaState,
@@ -734,7 +734,7 @@ impl LogPort for TappedLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let ids: Vec<Option<String>> = items
             .iter()
             .map(|i| {
@@ -749,13 +749,15 @@ impl LogPort for TappedLog {
             append.await?;
             // The delivery reports say nothing of where: the tap's positions do.
             let Some(ids) = ids.into_iter().collect::<Option<Vec<String>>>() else {
-                return Err(AppendError::Invalid("an item is not a stored event".into()));
+                return Err(StorageError::Invalid(
+                    "an item is not a stored event".into(),
+                ));
             };
             tap.wait(&world, "a published event", |t| {
                 ids.iter().all(|id| t.positions.contains_key(id))
             })
             .await
-            .map_err(AppendError::Unavailable)?;
+            .map_err(StorageError::unavailable)?;
             let st = tap.lock();
             Ok(ids
                 .iter()
@@ -768,36 +770,46 @@ impl LogPort for TappedLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         self.inner.prepare_topic(topic, with_offsets)
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.inner.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        LogPort::partitions(&self.inner, topic)
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        self.inner.offsets(topic, partition)
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        LogPort::offsets(&self.inner, topic, partition)
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
-        self.inner.enforce_retention()
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        LogPort::enforce_retention(&self.inner)
     }
 
     fn metrics(&self) -> Option<LogMetrics> {
         self.inner.metrics()
     }
 
-    fn assigns_partitions(&self) -> bool {
-        self.inner.assigns_partitions()
+    fn group(&self) -> Option<&dyn GroupLog> {
+        Some(self)
     }
 
+    fn close(&self) -> BoxFut<()> {
+        self.inner.close()
+    }
+}
+
+impl GroupLog for TappedLog {
     fn attach(&self, events: tokio::sync::mpsc::Sender<GroupEvent>) {
         // An assignment reaches the engine once the tap has read the progress topic as far
         // as the consumer did (to its end now), so the world knows the record each lane
         // resumes from when the engine takes it.
         let (tx, mut rx) = tokio::sync::mpsc::channel(1_024);
-        self.inner.attach(tx);
+        GroupLog::attach(&self.inner, tx);
         let (tap, world) = (self.tap.clone(), self.world.clone());
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
@@ -811,24 +823,20 @@ impl LogPort for TappedLog {
         });
     }
 
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
-        self.inner.join(group, topic)
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
+        GroupLog::join(&self.inner, group, topic)
     }
 
     fn leave(&self, group: &GroupName) {
-        self.inner.leave(group)
+        GroupLog::leave(&self.inner, group)
     }
 
     fn commit(&self, group: &GroupName, topic: &TopicName, partition: Partition, offset: Offset) {
-        self.inner.commit(group, topic, partition, offset)
+        GroupLog::commit(&self.inner, group, topic, partition, offset)
     }
 
     fn instance(&self) -> Option<String> {
-        self.inner.instance()
-    }
-
-    fn close(&self) -> BoxFut<()> {
-        self.inner.close()
+        GroupLog::instance(&self.inner)
     }
 }
 
@@ -842,11 +850,15 @@ struct ReportingState {
 }
 
 impl StatePort for ReportingState {
-    fn load(&self) -> Result<Loaded, String> {
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         self.inner.load()
     }
 
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         // The record of each checkpoint, as the port writes it now (a lane not owned here
         // fences the whole batch, which then writes nothing).
         let records: Option<Vec<(String, Vec<u8>)>> = batch
@@ -885,10 +897,15 @@ impl StatePort for ReportingState {
                 t.reported.get(&node).is_some_and(|&r| r >= id)
             })
             .await
+            .map_err(StorageError::unavailable)
         })
     }
 
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list(group, max)
     }
 
@@ -896,7 +913,7 @@ impl StatePort for ReportingState {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         self.inner.dlq_list_for_replay(group, max)
     }
 
@@ -908,7 +925,7 @@ impl StatePort for ReportingState {
         &self,
         topic: TopicName,
         rule: Option<RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.inner.put_rate_rule(topic, rule)
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use madsim_tokio as tokio;
 use unimesh_core::{GroupName, Offset, Partition, TopicName};
-use unimesh_shell::engine::{AppendError, BoxFut, LogPort, LogRead, TopicFacts};
+use unimesh_shell::engine::{BoxFut, LogPort, LogRead, StorageError, TopicFacts};
 use unimesh_shell::log::{partition_for_key, AppendItem};
 use unimesh_sim::rng::Rng;
 
@@ -180,6 +180,26 @@ impl SimLog {
     fn draw<T>(&self, f: impl FnOnce(&mut Rng) -> T) -> T {
         f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
     }
+
+    /// A retention pass: while faults last, now and then a prefix of one partition goes
+    /// (once every group's start is durable: see [`World::retention_allowed`]); how many
+    /// partitions moved their earliest offset.
+    fn retention_pass(&self) -> usize {
+        let rate = self.world.opts.faults.retention;
+        if !self.world.faults_on() || !self.draw(|r| r.chance(rate)) {
+            return 0;
+        }
+        if !self.world.retention_allowed() {
+            return 0;
+        }
+        match self.draw(|r| self.disk.delete_prefix(r)) {
+            Some((topic, partition, earliest)) => {
+                self.world.retention(&topic, partition, earliest);
+                1
+            }
+            None => 0,
+        }
+    }
 }
 
 impl LogPort for SimLog {
@@ -211,7 +231,7 @@ impl LogPort for SimLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let disk = self.disk.clone();
         let world = self.world.clone();
         let latency = self.draw(|r| r.range(0, world.opts.faults.append_latency_ms));
@@ -228,42 +248,35 @@ impl LogPort for SimLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let partitions = self.disk.ensure_topic(&topic);
         let facts = TopicFacts::read(partitions, with_offsets, |p| {
             self.disk
                 .offsets(&topic, p)
-                .ok_or_else(|| format!("unknown partition {topic}/{p}"))
+                .ok_or_else(|| StorageError::Invalid(format!("unknown partition {topic}/{p}")))
         });
         Box::pin(async move { facts })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        self.disk.partitions(topic)
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        let n = self.disk.partitions(&topic);
+        Box::pin(async move { n })
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        self.disk
-            .offsets(topic, partition)
-            .ok_or_else(|| format!("unknown partition {topic}/{partition}"))
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        let range = self
+            .disk
+            .offsets(&topic, partition)
+            .ok_or_else(|| StorageError::Invalid(format!("unknown partition {topic}/{partition}")));
+        Box::pin(async move { range })
     }
 
-    /// A retention pass: while faults last, now and then a prefix of one partition goes
-    /// (once every group's start is durable: see [`World::retention_allowed`]).
-    fn enforce_retention(&self) -> Result<usize, String> {
-        let rate = self.world.opts.faults.retention;
-        if !self.world.faults_on() || !self.draw(|r| r.chance(rate)) {
-            return Ok(0);
-        }
-        if !self.world.retention_allowed() {
-            return Ok(0);
-        }
-        match self.draw(|r| self.disk.delete_prefix(r)) {
-            Some((topic, partition, earliest)) => {
-                self.world.retention(&topic, partition, earliest);
-                Ok(1)
-            }
-            None => Ok(0),
-        }
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
+        let moved = self.retention_pass();
+        Box::pin(async move { Ok(moved) })
     }
 }

@@ -5,9 +5,9 @@
 
 use unimesh_core::{Assignment, Checkpoint, Offset, Partition};
 
+use super::epochs::known_end;
 use super::fence::Chosen;
 use super::part::{Part, Span, Validate, Waiting};
-use crate::storage::kafka::epochs::known_end;
 
 /// What was read for one partition at its assignment.
 #[derive(Clone, Debug, Default)]

@@ -1,6 +1,6 @@
 //! The group consumer's decisions, with no rdkafka and no tokio in them (the quinn-proto
 //! split): the I/O sides only forward what the group coordinator says and carry out what
-//! these answer. `consumer.rs` is the librdkafka side; under madsim `simulated.rs` takes
+//! these answer. `io/consumer.rs` is the librdkafka side; under madsim `io/simulated.rs` takes
 //! its place against the harness's group coordinator and madsim-rdkafka's broker, and runs
 //! the same decisions, so the simulation checks the code that ships.
 //!
@@ -13,11 +13,13 @@
 //! - `fence`: which of a lane's progress records a reader takes (the generation fence).
 //! - `part`: the partition buffer and its rule (offset gaps, repositions, pausing).
 //!
-//! The leader-epoch rules (divergence, a claimed end against what a lane knows, reads that
-//! look back) are pure functions of `epochs.rs`, used by the librdkafka side only (the
-//! simulated broker has no leader epochs and never loses a tail).
+//! - `epochs`: the leader-epoch rules (divergence, a claimed end against what a lane knows,
+//!   reads that look back), used by the librdkafka side's probe (`io/probe.rs`) and by the
+//!   simulated consumer's divergence check (the simulated broker has no leader epochs and
+//!   never loses a tail).
 
 pub mod assign;
+pub mod epochs;
 pub mod fence;
 pub mod part;
 pub mod revoke;

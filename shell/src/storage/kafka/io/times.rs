@@ -17,9 +17,11 @@ use madsim_rdkafka::{Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{Offset, Partition, TopicName};
 
-use super::epochs::{first_where, EpochProbe};
-use super::{ClientRole, KafkaSettings};
-use crate::storage::ports::AppendError;
+use super::probe::EpochProbe;
+use super::properties::ClientRole;
+use crate::storage::kafka::rules::epochs::first_where;
+use crate::storage::kafka::KafkaSettings;
+use crate::storage::ports::StorageError;
 
 /// The lookup consumer and the probe that checks its answers, made on first use.
 #[derive(Default)]
@@ -45,14 +47,14 @@ pub(super) struct Resolved {
 }
 
 impl TimeLookup {
-    async fn consumer(&self, settings: &KafkaSettings) -> Result<&BaseConsumer, AppendError> {
+    async fn consumer(&self, settings: &KafkaSettings) -> Result<&BaseConsumer, StorageError> {
         self.consumer
             .get_or_try_init(|| async {
                 let mut c = settings.client_config(ClientRole::Consumer);
                 c.set("group.id", format!("{}time-lookup", settings.group_prefix))
                     .set("enable.auto.commit", "false");
                 c.create().await.map_err(|e| {
-                    AppendError::Unavailable(format!(
+                    StorageError::unavailable(format!(
                         "cannot create the Kafka time-lookup client: {e}"
                     ))
                 })
@@ -68,12 +70,12 @@ impl TimeLookup {
         topic: &TopicName,
         partition: Partition,
         time_ms: u64,
-    ) -> Result<Result<Found, String>, AppendError> {
+    ) -> Result<Result<Found, String>, StorageError> {
         let consumer = self.consumer(settings).await?;
         let at = i64::try_from(time_ms).unwrap_or(i64::MAX);
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic.as_str(), partition as i32, KOffset::Offset(at))
-            .map_err(|e| AppendError::Invalid(format!("{topic}/{partition}: {e}")))?;
+            .map_err(|e| StorageError::Invalid(format!("{topic}/{partition}: {e}")))?;
         let answer = match consumer
             .offsets_for_times(tpl, settings.request_timeout)
             .await
@@ -101,7 +103,7 @@ impl TimeLookup {
         time_ms: u64,
         claim: Option<Found>,
         (earliest, end): (Offset, Offset),
-    ) -> Result<Resolved, AppendError> {
+    ) -> Result<Resolved, StorageError> {
         let made = self
             .probe
             .lock()
@@ -110,7 +112,7 @@ impl TimeLookup {
         if !made {
             let probe = EpochProbe::new(settings)
                 .await
-                .map_err(AppendError::Unavailable)?;
+                .map_err(StorageError::unavailable)?;
             self.probe
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -130,7 +132,7 @@ impl TimeLookup {
         .await
         .map_err(|e| format!("the time-lookup task failed: {e}"))
         .and_then(|r| r)
-        .map_err(AppendError::Unavailable)
+        .map_err(StorageError::unavailable)
     }
 }
 

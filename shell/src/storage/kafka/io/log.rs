@@ -24,13 +24,15 @@ use super::client_log::LoggedConsumer;
 use super::client_log::{ClientLog, LoggedAdmin, LoggedProducer};
 #[cfg(not(madsim))]
 use super::consumer::GroupConsumer;
+use super::properties::ClientRole;
 use super::records::Outgoing;
 #[cfg(madsim)]
 use super::simulated::GroupConsumer;
-use super::{ClientRole, KafkaSettings};
+use crate::storage::kafka::KafkaSettings;
 use crate::storage::log::AppendItem;
 use crate::storage::ports::{
-    AppendError, BoxFut, BrokerMetrics, GroupEvent, LogMetrics, LogPort, LogRead, TopicFacts,
+    BoxFut, BrokerMetrics, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, StorageError,
+    TopicFacts,
 };
 
 /// Counters of the Kafka backend for `/metrics`.
@@ -277,9 +279,7 @@ impl KafkaLog {
     /// [`KafkaLog::connect`], then [`KafkaLog::ensure_own_topics`].
     pub async fn open(settings: KafkaSettings) -> Result<Self, String> {
         let log = Self::connect(settings).await?;
-        log.ensure_own_topics().await.map_err(|e| match e {
-            AppendError::TooLarge(m) | AppendError::Invalid(m) | AppendError::Unavailable(m) => m,
-        })?;
+        log.ensure_own_topics().await.map_err(|e| e.to_string())?;
         Ok(log)
     }
 
@@ -361,24 +361,28 @@ impl KafkaLog {
     /// Makes sure the progress and subscriptions topics exist (creating them), which needs
     /// the broker. `Unavailable` names the broker's answer (a later call may succeed); the
     /// others are refusals that stay.
-    pub async fn ensure_own_topics(&self) -> Result<(), AppendError> {
+    pub async fn ensure_own_topics(&self) -> Result<(), StorageError> {
         for (what, name) in [
             ("progress", &self.inner.settings.progress_topic),
             ("subscriptions", &self.inner.settings.subscriptions_topic),
         ] {
             let topic = TopicName::new(name)
-                .map_err(|e| AppendError::Invalid(format!("the {what} topic: {e}")))?;
+                .map_err(|e| StorageError::Invalid(format!("the {what} topic: {e}")))?;
             let named = |m: String| format!("cannot create the {what} topic {topic}: {m}");
             self.topic_partitions(&topic, true)
                 .await
                 .map_err(|e| match e {
-                    AppendError::TooLarge(m) => AppendError::TooLarge(named(m)),
-                    AppendError::Invalid(m) => AppendError::Invalid(named(m)),
-                    AppendError::Unavailable(m) => AppendError::Unavailable(named(m)),
+                    StorageError::TooLarge(m) => StorageError::TooLarge(named(m)),
+                    StorageError::Invalid(m) => StorageError::Invalid(named(m)),
+                    StorageError::Unavailable { what, source } => StorageError::Unavailable {
+                        what: named(what),
+                        source,
+                    },
+                    e @ StorageError::Fenced(_) => e,
                 })?;
         }
         #[cfg(madsim)]
-        self.preload().await.map_err(AppendError::Unavailable)?;
+        self.preload().await.map_err(StorageError::unavailable)?;
         Ok(())
     }
 
@@ -456,7 +460,7 @@ impl KafkaLog {
         &self,
         topic: &TopicName,
         compacted: bool,
-    ) -> Result<u32, AppendError> {
+    ) -> Result<u32, StorageError> {
         if let Some(&n) = lock(&self.inner.topics).get(topic) {
             return Ok(n);
         }
@@ -465,7 +469,7 @@ impl KafkaLog {
         let mut created = false;
         for _ in 0..20 {
             let found = self.listed_partitions(topic).await.map_err(|e| {
-                AppendError::Unavailable(format!("Kafka metadata request failed: {e}"))
+                StorageError::unavailable(format!("Kafka metadata request failed: {e}"))
             })?;
             if let Some(n) = found {
                 lock(&self.inner.topics).insert(topic.clone(), n);
@@ -477,12 +481,12 @@ impl KafkaLog {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(AppendError::Unavailable(format!(
+        Err(StorageError::unavailable(format!(
             "topic {topic} was created but the broker does not show its partitions"
         )))
     }
 
-    async fn create_topic(&self, topic: &TopicName, compacted: bool) -> Result<(), AppendError> {
+    async fn create_topic(&self, topic: &TopicName, compacted: bool) -> Result<(), StorageError> {
         let s = &self.inner.settings;
         let partitions = s.default_partitions as i32;
         // The simulated broker ignores keys (it places records round robin), so a
@@ -503,12 +507,12 @@ impl KafkaLog {
             .admin
             .create_topics([&new], &opts)
             .await
-            .map_err(|e| AppendError::Unavailable(format!("cannot create topic {topic}: {e}")))?;
+            .map_err(|e| StorageError::unavailable(format!("cannot create topic {topic}: {e}")))?;
         for r in results {
             match r {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => {
-                    return Err(AppendError::Unavailable(format!(
+                    return Err(StorageError::unavailable(format!(
                         "the broker refused to create topic {name}: {code}"
                     )))
                 }
@@ -829,13 +833,13 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl KafkaLog {
     /// A broker error as the publisher sees it (503), with what health knows of the
     /// broker.
-    fn produce_error(&self, e: &KafkaError) -> AppendError {
+    fn produce_error(&self, e: &KafkaError) -> StorageError {
         match self.fault() {
-            Some(fault) => AppendError::Unavailable(format!(
+            Some(fault) => StorageError::unavailable(format!(
                 "the Kafka broker did not take the write: {e} ({fault})"
             )),
             None => {
-                AppendError::Unavailable(format!("the Kafka broker did not take the write: {e}"))
+                StorageError::unavailable(format!("the Kafka broker did not take the write: {e}"))
             }
         }
     }
@@ -843,12 +847,12 @@ impl KafkaLog {
     /// The producer's generation for a write, after replacing a fatal producer: a write
     /// is not queued on a producer that can only fail it.
     #[cfg(not(madsim))]
-    async fn usable_producer(&self) -> Result<u64, AppendError> {
+    async fn usable_producer(&self) -> Result<u64, StorageError> {
         let slot = &self.inner.producer;
         if let Some(why) = slot.fatal() {
             self.rebuild_producer(slot.generation(), &why).await;
             if let Some(why) = slot.fatal() {
-                return Err(AppendError::Unavailable(format!(
+                return Err(StorageError::unavailable(format!(
                     "the Kafka producer is in a fatal state ({why}); a new one could not be built yet"
                 )));
             }
@@ -894,7 +898,7 @@ impl LogPort for KafkaLog {
         &self,
         topic: TopicName,
         items: Vec<AppendItem>,
-    ) -> BoxFut<Result<Vec<(Partition, Offset)>, AppendError>> {
+    ) -> BoxFut<Result<Vec<(Partition, Offset)>, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             #[cfg(not(madsim))]
@@ -904,7 +908,7 @@ impl LogPort for KafkaLog {
             let mut pending = Vec::with_capacity(items.len());
             for item in &items {
                 let record = crate::event::to_kafka(&item.value)
-                    .map_err(|e| AppendError::Invalid(e.to_string()))?;
+                    .map_err(|e| StorageError::Invalid(e.to_string()))?;
                 let headers: Vec<(&str, &[u8])> = record
                     .headers
                     .iter()
@@ -955,8 +959,8 @@ impl LogPort for KafkaLog {
                             .counters
                             .producer_errors
                             .fetch_add(1, Ordering::Relaxed);
-                        failed.get_or_insert(AppendError::Unavailable(
-                            "the Kafka producer dropped the write".into(),
+                        failed.get_or_insert(StorageError::unavailable(
+                            "the Kafka producer dropped the write",
                         ));
                     }
                 }
@@ -982,7 +986,7 @@ impl LogPort for KafkaLog {
         &self,
         topic: TopicName,
         with_offsets: bool,
-    ) -> BoxFut<Result<TopicFacts, AppendError>> {
+    ) -> BoxFut<Result<TopicFacts, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             let partitions = log.topic_partitions(&topic, false).await?;
@@ -994,7 +998,7 @@ impl LogPort for KafkaLog {
                         None => log
                             .watermarks(&topic, p)
                             .await
-                            .map_err(AppendError::Unavailable)?,
+                            .map_err(StorageError::unavailable)?,
                     };
                     offsets.push(pair);
                 }
@@ -1006,27 +1010,28 @@ impl LogPort for KafkaLog {
         })
     }
 
-    fn partitions(&self, topic: &TopicName) -> Option<u32> {
-        if let Some(&n) = lock(&self.inner.topics).get(topic) {
-            return Some(n);
-        }
-        // A topic another instance (or another producer) created.
-        #[cfg(not(madsim))]
-        return block_on(&self.inner.runtime, async {
-            let n = self.listed_partitions(topic).await.ok()??;
-            lock(&self.inner.topics).insert(topic.clone(), n);
-            Some(n)
-        });
+    fn partitions(&self, topic: TopicName) -> BoxFut<Option<u32>> {
+        let known = lock(&self.inner.topics).get(&topic).copied();
+        let log = self.clone();
+        // Under the simulator, as before: an unknown topic is looked up in the background.
         #[cfg(madsim)]
-        {
-            let (log, t) = (self.clone(), topic.clone());
+        if known.is_none() {
             tokio::spawn(async move {
-                if let Ok(Some(n)) = log.listed_partitions(&t).await {
-                    lock(&log.inner.topics).insert(t, n);
+                if let Ok(Some(n)) = log.listed_partitions(&topic).await {
+                    lock(&log.inner.topics).insert(topic, n);
                 }
             });
-            None
+            return Box::pin(async { None });
         }
+        Box::pin(async move {
+            if known.is_some() {
+                return known;
+            }
+            // A topic another instance (or another producer) created.
+            let n = log.listed_partitions(&topic).await.ok()??;
+            lock(&log.inner.topics).insert(topic, n);
+            Some(n)
+        })
     }
 
     /// Kafka's offsets-for-times, checked against the records (`kafka::times`); "no record
@@ -1038,16 +1043,16 @@ impl LogPort for KafkaLog {
         topic: TopicName,
         partition: Partition,
         time_ms: u64,
-    ) -> BoxFut<Result<Offset, AppendError>> {
+    ) -> BoxFut<Result<Offset, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
             let partitions = log.listed_partitions(&topic).await.map_err(|e| {
-                AppendError::Unavailable(format!("Kafka metadata request failed: {e}"))
+                StorageError::unavailable(format!("Kafka metadata request failed: {e}"))
             })?;
             match partitions {
-                None => return Err(AppendError::Invalid(format!("unknown topic {topic}"))),
+                None => return Err(StorageError::Invalid(format!("unknown topic {topic}"))),
                 Some(n) if partition >= n => {
-                    return Err(AppendError::Invalid(format!(
+                    return Err(StorageError::Invalid(format!(
                         "topic {topic} has {n} partitions, there is no partition {partition}"
                     )))
                 }
@@ -1060,9 +1065,9 @@ impl LogPort for KafkaLog {
             // log was shown to hold.
             log.watermarks(&topic, partition)
                 .await
-                .map_err(AppendError::Unavailable)?;
+                .map_err(StorageError::unavailable)?;
             let range = log.cached_offsets(&topic, partition).ok_or_else(|| {
-                AppendError::Unavailable(format!("no offsets of {topic}/{partition}"))
+                StorageError::unavailable(format!("no offsets of {topic}/{partition}"))
             })?;
             let resolved = times
                 .resolve(s, &topic, partition, time_ms, claim.clone().ok(), range)
@@ -1081,25 +1086,37 @@ impl LogPort for KafkaLog {
         })
     }
 
-    fn offsets(&self, topic: &TopicName, partition: Partition) -> Result<(Offset, Offset), String> {
-        if let Some(pair) = self.cached_offsets(topic, partition) {
-            return Ok(pair);
-        }
-        #[cfg(not(madsim))]
-        return block_on(&self.inner.runtime, self.watermarks(topic, partition));
+    fn offsets(
+        &self,
+        topic: TopicName,
+        partition: Partition,
+    ) -> BoxFut<Result<(Offset, Offset), StorageError>> {
+        let cached = self.cached_offsets(&topic, partition);
+        let log = self.clone();
+        // Under the simulator, as before: the ends are read in the background and the
+        // caller asks again (the harness's schedules and fault draws depend on it).
         #[cfg(madsim)]
-        {
-            let (log, t) = (self.clone(), topic.clone());
-            tokio::spawn(async move { log.watermarks(&t, partition).await });
-            Err(format!(
+        if cached.is_none() {
+            let why = format!(
                 "the offsets of {topic}/{partition} are being read from the broker; try again"
-            ))
+            );
+            tokio::spawn(async move { log.watermarks(&topic, partition).await });
+            return Box::pin(async move { Err(StorageError::unavailable(why)) });
         }
+        Box::pin(async move {
+            match cached {
+                Some(pair) => Ok(pair),
+                None => log
+                    .watermarks(&topic, partition)
+                    .await
+                    .map_err(StorageError::unavailable),
+            }
+        })
     }
 
-    fn enforce_retention(&self) -> Result<usize, String> {
+    fn enforce_retention(&self) -> BoxFut<Result<usize, StorageError>> {
         // Retention is the broker's (retention.ms of the topic).
-        Ok(0)
+        Box::pin(async { Ok(0) })
     }
 
     fn fault(&self) -> Option<String> {
@@ -1141,41 +1158,8 @@ impl LogPort for KafkaLog {
         })
     }
 
-    fn assigns_partitions(&self) -> bool {
-        true
-    }
-
-    fn attach(&self, events: mpsc::Sender<GroupEvent>) {
-        *lock(&self.inner.events) = Some(events);
-    }
-
-    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), String> {
-        if lock(&self.inner.groups).contains_key(group) {
-            return Ok(());
-        }
-        let events = self
-            .events()
-            .ok_or_else(|| "the Kafka log is not attached to an engine".to_owned())?;
-        let consumer = GroupConsumer::start(self.clone(), group.clone(), topic.clone(), events)?;
-        lock(&self.inner.groups).insert(group.clone(), Arc::new(consumer));
-        Ok(())
-    }
-
-    fn leave(&self, group: &GroupName) {
-        let consumer = lock(&self.inner.groups).remove(group);
-        if let Some(c) = consumer {
-            c.stop();
-        }
-    }
-
-    fn commit(&self, group: &GroupName, _topic: &TopicName, partition: Partition, offset: Offset) {
-        if let Some(c) = lock(&self.inner.groups).get(group) {
-            c.commit(partition, offset);
-        }
-    }
-
-    fn instance(&self) -> Option<String> {
-        Some(self.inner.settings.instance.clone())
+    fn group(&self) -> Option<&dyn GroupLog> {
+        Some(self)
     }
 
     fn close(&self) -> BoxFut<()> {
@@ -1205,5 +1189,42 @@ impl LogPort for KafkaLog {
             })
             .await;
         })
+    }
+}
+
+/// Kafka's consumer groups: one consumer per subscription group.
+impl GroupLog for KafkaLog {
+    fn attach(&self, events: mpsc::Sender<GroupEvent>) {
+        *lock(&self.inner.events) = Some(events);
+    }
+
+    fn join(&self, group: &GroupName, topic: &TopicName) -> Result<(), StorageError> {
+        if lock(&self.inner.groups).contains_key(group) {
+            return Ok(());
+        }
+        let events = self.events().ok_or_else(|| {
+            StorageError::unavailable("the Kafka log is not attached to an engine")
+        })?;
+        let consumer = GroupConsumer::start(self.clone(), group.clone(), topic.clone(), events)
+            .map_err(StorageError::unavailable)?;
+        lock(&self.inner.groups).insert(group.clone(), Arc::new(consumer));
+        Ok(())
+    }
+
+    fn leave(&self, group: &GroupName) {
+        let consumer = lock(&self.inner.groups).remove(group);
+        if let Some(c) = consumer {
+            c.stop();
+        }
+    }
+
+    fn commit(&self, group: &GroupName, _topic: &TopicName, partition: Partition, offset: Offset) {
+        if let Some(c) = lock(&self.inner.groups).get(group) {
+            c.commit(partition, offset);
+        }
+    }
+
+    fn instance(&self) -> Option<String> {
+        Some(self.inner.settings.instance.clone())
     }
 }

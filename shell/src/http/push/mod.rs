@@ -22,26 +22,36 @@
 //! The supervisor looks at the subscriptions every `push.scan_interval_ms` and starts,
 //! restarts (the URL changed) or forgets pushers; a pusher ends when the engine ends its
 //! session (group deleted, mesh stopping).
+//!
+//! The HTTP exchange itself is behind [`Post`]: `client.rs` (hyper's client on the checked
+//! resolver) in the binary; under madsim, where hyper's connector cannot run (it is tokio's
+//! own I/O), the harness gives its simulated targets through [`supervise_with`], and
+//! everything else here — credit, concurrency, the timeout, signing, what an answer
+//! means — runs as it ships.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, RETRY_AFTER};
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
+use http::header::HeaderValue;
 use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use tokio::task::{JoinHandle, JoinSet};
+use http_body_util::Full;
+use madsim_tokio as tokio;
+use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 use unimesh_core::{ClientId, Delivery, GroupName};
 
-use super::target::{refusal_in, CheckedResolver, Refusal, TargetPolicy};
+#[cfg(not(madsim))]
+mod client;
+
 use crate::config::Push as PushConfig;
 use crate::engine::{EngineHandle, PushOutcome, PushTarget};
 use crate::event::to_binary_request_parts;
+use crate::policy::{Refusal, TargetPolicy};
 
 /// The client id of every group's pusher session.
 pub const PUSH_CLIENT: &str = "push";
@@ -52,17 +62,62 @@ pub const DELIVERY_ID_HEADER: &str = "x-unimesh-delivery-id";
 /// The header carrying the attempt number of a pushed event.
 pub const ATTEMPT_HEADER: &str = "x-unimesh-attempt";
 
-type HttpClient = Client<HttpConnector<CheckedResolver>, Full<Bytes>>;
+/// What a webhook target answered (its body is read and dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: StatusCode,
+    /// `Retry-After` in seconds, when it is a number.
+    pub retry_after: Option<u64>,
+}
+
+/// Why a push got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    /// The target is not one `push.allowed_hosts` lets the mesh reach (found at resolution).
+    #[error("{0}")]
+    Refused(Refusal),
+    /// No answer: the connection was refused or broke, the request could not be sent.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The HTTP exchange of a push: send the request to its target and say what came back.
+/// The pusher bounds it with `push.request_timeout_ms`.
+pub trait Post: Send + Sync + 'static {
+    fn post(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Pin<Box<dyn Future<Output = Result<Answer, PostError>> + Send + '_>>;
+}
+
+/// Makes the [`Post`] of one group's pusher.
+pub type Connect = Arc<dyn Fn(&PushTarget, &PushConfig) -> Arc<dyn Post> + Send + Sync>;
 
 /// The Standard Webhooks headers of a signed push.
 pub const WEBHOOK_ID_HEADER: &str = "webhook-id";
 pub const WEBHOOK_TIMESTAMP_HEADER: &str = "webhook-timestamp";
 pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
 
-/// Runs the pushers of every group with `push.url` until the engine stops.
+/// Runs the pushers of every group with `push.url` until the engine stops, over HTTP
+/// (hyper's client, connecting only to addresses `policy` lets through).
+#[cfg(not(madsim))]
 pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<TargetPolicy>) {
+    let checked = policy.clone();
+    let connect: Connect = Arc::new(move |target: &PushTarget, config: &PushConfig| {
+        Arc::new(client::HyperPost::new(checked.clone(), config, target)) as Arc<dyn Post>
+    });
+    supervise_with(engine, config, policy, connect).await;
+}
+
+/// [`supervise`] with each pusher's HTTP exchange made by `connect`.
+pub async fn supervise_with(
+    engine: EngineHandle,
+    config: PushConfig,
+    policy: Arc<TargetPolicy>,
+    connect: Connect,
+) {
     let mut running: BTreeMap<GroupName, (PushTarget, JoinHandle<()>)> = BTreeMap::new();
-    let every = Duration::from_millis(config.scan_interval_ms);
+    let every = Duration::from_millis(config.scan_interval_ms.get());
     loop {
         let targets = engine.push_targets().await;
         if targets.is_err() && !engine.is_running() {
@@ -84,7 +139,8 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<Tar
                 if running.contains_key(&group) {
                     continue;
                 }
-                let pusher = Pusher::new(policy.clone(), config.clone(), target.clone());
+                let post = connect(&target, &config);
+                let pusher = Pusher::new(policy.clone(), config.clone(), target.clone(), post);
                 let job = tokio::spawn(push_group(engine.clone(), Arc::new(pusher)));
                 running.insert(group, (target, job));
             }
@@ -93,12 +149,12 @@ pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<Tar
     }
 }
 
-/// One group's pusher: its target, its HTTP client and what its requests share.
+/// One group's pusher: its target, its HTTP exchange and what its requests share.
 struct Pusher {
     target: PushTarget,
     config: PushConfig,
     policy: Arc<TargetPolicy>,
-    client: HttpClient,
+    post: Arc<dyn Post>,
     /// The HMAC key of `push.secret`.
     key: Option<Vec<u8>>,
     /// A refused target is logged once per pusher (every push to it fails the same way).
@@ -106,23 +162,12 @@ struct Pusher {
 }
 
 impl Pusher {
-    fn new(policy: Arc<TargetPolicy>, config: PushConfig, target: PushTarget) -> Self {
-        let port = target.url.parse::<Uri>().ok().map(|u| {
-            u.port_u16().unwrap_or(if u.scheme_str() == Some("https") {
-                443
-            } else {
-                80
-            })
-        });
-        // The resolver checks names; IP literals (which the connector does not resolve) are
-        // checked before each request.
-        let mut connector = HttpConnector::new_with_resolver(CheckedResolver::new(
-            policy.clone(),
-            port.unwrap_or(80),
-        ));
-        connector.set_connect_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+    fn new(
+        policy: Arc<TargetPolicy>,
+        config: PushConfig,
+        target: PushTarget,
+        post: Arc<dyn Post>,
+    ) -> Self {
         // The secret was checked when the subscription was written; one that no longer
         // parses (never: the format is fixed) would push unsigned, so it is logged.
         let key = target
@@ -139,7 +184,7 @@ impl Pusher {
             target,
             config,
             policy,
-            client,
+            post,
             key,
             warned: std::sync::atomic::AtomicBool::new(false),
         }
@@ -287,25 +332,15 @@ impl Pusher {
         *req.method_mut() = Method::POST;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        let timeout = Duration::from_millis(self.config.request_timeout_ms);
-        let answer = tokio::time::timeout(timeout, async {
-            let res = self.client.request(req).await?;
-            let status = res.status();
-            let retry_after = res
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            // Read (and drop) the answer's body so the connection can be reused.
-            let _ = res.into_body().collect().await;
-            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
-        })
-        .await;
+        let timeout = Duration::from_millis(self.config.request_timeout_ms.get());
+        let answer = tokio::time::timeout(timeout, self.post.post(req)).await;
         Ok(match answer {
-            Ok(Ok((status, _))) if status.is_success() => PushOutcome::Ack,
-            Ok(Ok((status, Some(secs))))
-                if status == StatusCode::TOO_MANY_REQUESTS
-                    || status == StatusCode::SERVICE_UNAVAILABLE =>
+            Ok(Ok(Answer { status, .. })) if status.is_success() => PushOutcome::Ack,
+            Ok(Ok(Answer {
+                status,
+                retry_after: Some(secs),
+            })) if status == StatusCode::TOO_MANY_REQUESTS
+                || status == StatusCode::SERVICE_UNAVAILABLE =>
             {
                 let delay_ms = secs.saturating_mul(1000).min(self.target.backoff_max_ms);
                 tracing::debug!(%group, id, %status, delay_ms, "push deferred by the subscriber");
@@ -314,14 +349,12 @@ impl Pusher {
                 }
             }
             // Anything else fails, a redirect too (never followed: it could lead anywhere).
-            Ok(Ok((status, _))) => {
+            Ok(Ok(Answer { status, .. })) => {
                 tracing::debug!(%group, id, %status, "push refused");
                 backoff
             }
-            Ok(Err(e)) => {
-                if let Some(refusal) = refusal_in(&e) {
-                    return Err(refusal);
-                }
+            Ok(Err(PostError::Refused(refusal))) => return Err(refusal),
+            Ok(Err(PostError::Failed(e))) => {
                 tracing::debug!(%group, id, error = %e, "push failed");
                 backoff
             }
@@ -363,7 +396,11 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
     };
     // Up to `max_concurrency` requests of up to `batch` events each are out at a time.
     let per_request = pusher.target.batch.max(1);
-    let credit = pusher.config.max_concurrency.saturating_mul(per_request);
+    let credit = pusher
+        .config
+        .max_concurrency
+        .get()
+        .saturating_mul(per_request);
     let stream = match engine.open_stream(&group, &who, credit).await {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -372,34 +409,39 @@ async fn push_group(engine: EngineHandle, pusher: Arc<Pusher>) {
         }
     };
     tracing::info!(%group, url = %pusher.target.url, signed = pusher.key.is_some(), batch = per_request, "webhook pusher started");
-    let mut inflight: JoinSet<()> = JoinSet::new();
-    let max = pusher.config.max_concurrency as usize;
+    // The requests in flight run inside this task (one wake-up source, and a pusher that is
+    // stopped drops them with it).
+    let mut inflight = FuturesUnordered::new();
+    let max = pusher.config.max_concurrency.get() as usize;
     loop {
         let free = max.saturating_sub(inflight.len());
         if free == 0 {
-            let _ = inflight.join_next().await;
+            let _ = inflight.next().await;
             continue;
         }
         let wanted = free.saturating_mul(per_request as usize);
+        // Biased (answers first, then new deliveries): an unbiased select draws its order
+        // from tokio's thread-local generator, which the madsim harness cannot seed.
         tokio::select! {
+            biased;
+            Some(()) = inflight.next(), if !inflight.is_empty() => {}
             got = stream.next(wanted) => {
                 let Some(got) = got else { break };
                 let mut got = got.into_iter().peekable();
                 while got.peek().is_some() {
                     let chunk: Vec<Delivery> = got.by_ref().take(per_request as usize).collect();
                     let (pusher, stream) = (pusher.clone(), stream.clone());
-                    inflight.spawn(async move {
+                    inflight.push(async move {
                         let outcome = pusher.push(&chunk).await;
                         stream.settled(chunk.into_iter().map(|d| d.id).collect(), outcome);
                     });
                 }
             }
-            Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
         }
     }
     // The session ended; requests still in flight finish and settle (their ids may be
     // refused as stale: harmless).
-    while inflight.join_next().await.is_some() {}
+    while inflight.next().await.is_some() {}
     tracing::info!(%group, "webhook pusher stopped");
 }
 

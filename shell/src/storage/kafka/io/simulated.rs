@@ -32,14 +32,14 @@ use tokio::sync::mpsc;
 use unimesh_core::{GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
 use super::client_log::{ClientLog, LoggedConsumer};
-use super::epochs::divergence;
 use super::log::{lock, KafkaLog};
 use super::progress::Chosen;
 use super::records::decode_message;
-use super::rules::part::{self, Part};
-use super::rules::revoke::{Ask, Revocation};
-use super::rules::{assign, Rebalance};
 use super::ClientRole;
+use crate::storage::kafka::rules::epochs::divergence;
+use crate::storage::kafka::rules::part::{self, Part};
+use crate::storage::kafka::rules::revoke::{Ask, Revocation};
+use crate::storage::kafka::rules::{assign, Rebalance};
 use crate::storage::ports::{GroupEvent, LogRead};
 
 /// How long a fetch at the end of a partition waits before asking the broker again.
@@ -585,7 +585,8 @@ impl Shared {
             };
             l.part.validate = None;
             let (earliest, end) = range;
-            let no_read = |_| -> Result<super::epochs::FirstRecord, ()> { Err(()) };
+            let no_read =
+                |_| -> Result<crate::storage::kafka::rules::epochs::FirstRecord, ()> { Err(()) };
             if let Ok(Some(d)) = divergence(None, earliest, end, v.known_end, no_read) {
                 l.part.base = Offset::MAX;
                 l.part.known_end = l.part.known_end.min(end);

@@ -31,11 +31,11 @@
 use unimesh_core::Offset;
 
 /// The header of a progress record that carries its lane's leader epoch (ASCII decimal).
-pub(super) const LEADER_EPOCH_HEADER: &str = "unimesh-leader-epoch";
+pub(crate) const LEADER_EPOCH_HEADER: &str = "unimesh-leader-epoch";
 
 /// A leader epoch read from a header value; `None` for anything but a non-negative
 /// decimal `i32`.
-pub(super) fn parse_epoch(value: &[u8]) -> Option<i32> {
+pub(crate) fn parse_epoch(value: &[u8]) -> Option<i32> {
     std::str::from_utf8(value)
         .ok()?
         .parse::<i32>()
@@ -45,13 +45,13 @@ pub(super) fn parse_epoch(value: &[u8]) -> Option<i32> {
 
 /// The first record at or after an offset, as a probe reads it: its offset and leader
 /// epoch (`None` when the broker reports none); `None` when no record follows.
-pub(super) type FirstRecord = Option<(Offset, Option<i32>)>;
+pub(crate) type FirstRecord = Option<(Offset, Option<i32>)>;
 
 /// Where the log diverged from a checkpoint stamped `stamp` that knows offsets below
 /// `known_end`, given the log's `[earliest, end)` and `first_at(o)`, which reads the first
 /// record at or after `o` (see the module documentation for the contract). `None` when it
 /// did not diverge. At most about `2 * log2(known_end - earliest) + 2` reads.
-pub(super) fn divergence<E>(
+pub(crate) fn divergence<E>(
     stamp: Option<i32>,
     earliest: Offset,
     end: Offset,
@@ -90,7 +90,7 @@ pub(super) fn divergence<E>(
 /// A log's end as the lane may take it: what the broker claimed, or what the log was shown
 /// to hold when the claim is below what the lane knows (`refuted`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct EvidentEnd {
+pub(crate) struct EvidentEnd {
     pub end: Offset,
     /// The broker claimed an end below records it still holds.
     pub refuted: bool,
@@ -110,7 +110,7 @@ pub(super) struct EvidentEnd {
 /// One read when the claim is refuted by the tail, `log2(known_end - claimed) + 1` more
 /// otherwise. tansu 0.6.0 claims the start of a partition's last batch plus one: with the
 /// claim taken as evidence, a lane dropped what it had handed out above it as a lost tail.
-pub(super) fn evident_end<E>(
+pub(crate) fn evident_end<E>(
     claimed: Offset,
     known_end: Offset,
     mut first_at: impl FnMut(Offset) -> Result<FirstRecord, E>,
@@ -138,12 +138,12 @@ pub(super) fn evident_end<E>(
 
 /// Look-backs at most this far below an offset (a record batch is rarely larger; past it
 /// the broker's answer stands).
-pub(super) const MAX_LOOK_BACK: Offset = 1 << 20;
+pub(crate) const MAX_LOOK_BACK: Offset = 1 << 20;
 
 /// Where to read from next to learn whether a broker's answer from past `at` skipped
 /// records: `step` below `at` (steps double: 1, 2, 4, ...), never below `earliest`;
 /// `None` when the last look-back already read from `earliest` or the bound is reached.
-pub(super) fn look_back_from(at: Offset, step: Offset, earliest: Offset) -> Option<Offset> {
+pub(crate) fn look_back_from(at: Offset, step: Offset, earliest: Offset) -> Option<Offset> {
     if at <= earliest || step > MAX_LOOK_BACK || step == 0 {
         return None;
     }
@@ -158,7 +158,7 @@ pub(super) fn look_back_from(at: Offset, step: Offset, earliest: Offset) -> Opti
 /// stream holds every record at or after the target, and the first record at or after it
 /// (its offset and what was read of it: by default its leader epoch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Read<H = (Offset, Option<i32>)> {
+pub(crate) struct Read<H = (Offset, Option<i32>)> {
     pub from: Offset,
     pub hit: Option<H>,
 }
@@ -175,7 +175,7 @@ pub(super) struct Read<H = (Offset, Option<i32>)> {
 /// first (its batch came whole, so what follows is the log's own order) or starts at the
 /// log's `earliest`. On a broker that returns whole batches (Kafka) this costs no read
 /// more where the record at `o` exists, and one more where a gap or the log's end is.
-pub(super) fn read_looking_back<H, E>(
+pub(crate) fn read_looking_back<H, E>(
     o: Offset,
     earliest: Offset,
     mut scan: impl FnMut(Offset, Offset) -> Result<(Option<Offset>, Option<H>), E>,
@@ -198,7 +198,7 @@ pub(super) fn read_looking_back<H, E>(
 
 /// The first offset in `[lo, hi]` where `holds`, for a `holds` that is false up to some
 /// offset and true from there on, and true at `hi` (so the answer is at most `hi`).
-pub(super) fn first_where<E>(
+pub(crate) fn first_where<E>(
     mut lo: Offset,
     mut hi: Offset,
     mut holds: impl FnMut(Offset) -> Result<bool, E>,
@@ -217,260 +217,9 @@ pub(super) fn first_where<E>(
 
 /// The offset a checkpoint knows up to (exclusive): its done offsets and its attempt
 /// counts.
-pub(super) fn known_end(c: &unimesh_core::Checkpoint) -> Offset {
+pub(crate) fn known_end(c: &unimesh_core::Checkpoint) -> Offset {
     let attempts = c.attempts.iter().map(|&(o, _)| o + 1).max().unwrap_or(0);
     c.progress.done_end().max(attempts)
-}
-
-#[cfg(not(madsim))]
-pub(super) use probe::{leader_epoch, EpochProbe};
-
-#[cfg(not(madsim))]
-mod probe {
-    use std::time::{Duration, Instant};
-
-    use madsim_rdkafka::consumer::Consumer;
-
-    use super::super::client_log::{ClientLog, LoggedConsumer};
-    use madsim_rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    use madsim_rdkafka::message::BorrowedMessage;
-    use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
-    use unimesh_core::{Offset, Partition};
-
-    use super::FirstRecord;
-    use crate::storage::kafka::{ClientRole, KafkaSettings};
-
-    /// The leader epoch of a record's batch, `None` when the broker reports none.
-    pub fn leader_epoch(m: &BorrowedMessage<'_>) -> Option<i32> {
-        // SAFETY: `m.ptr()` is the live message `m` borrows; the call only reads it.
-        let e = unsafe { madsim_rdkafka::bindings::rd_kafka_message_leader_epoch(m.ptr()) };
-        (e >= 0).then_some(e)
-    }
-
-    /// How long a probe's read may stay silent before the probe's own fetch answers judge
-    /// it. Long enough that a loaded broker's first answer after an assignment comes
-    /// within it: judged too early, a read looks back needlessly, each look-back waits as
-    /// long again, and the lane's check holds up its group's consumer thread (0.5 s made
-    /// a loaded mock cluster's checks take 4 s and more).
-    const QUIET: Duration = Duration::from_millis(3_000);
-
-    /// At most this many leftovers of an earlier probe are drained before a probe.
-    const MAX_STALE_POLLS: usize = 10_000;
-
-    /// What a probe learns of the record it was after.
-    struct Hit {
-        offset: Offset,
-        epoch: Option<i32>,
-        timestamp_ms: Option<i64>,
-    }
-
-    /// A consumer outside any group that reads single records, to learn their epochs (and,
-    /// for a seek by time, their timestamps).
-    pub struct EpochProbe {
-        consumer: LoggedConsumer,
-        timeout: Duration,
-    }
-
-    impl EpochProbe {
-        pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
-            let mut c = settings.client_config(ClientRole::Consumer);
-            c.set("group.id", format!("{}epoch-probe", settings.group_prefix))
-                .set("enable.auto.commit", "false")
-                .set("enable.partition.eof", "true")
-                .set("isolation.level", "read_committed")
-                .set("auto.offset.reset", "error")
-                // One record is all a probe wants.
-                .set("queued.min.messages", "1")
-                .set("fetch.wait.max.ms", "10");
-            let consumer: LoggedConsumer = c
-                .create_with_context(ClientLog::new("leader-epoch probe"))
-                .await
-                .map_err(|e| format!("cannot create the leader-epoch probe: {e}"))?;
-            Ok(Self {
-                consumer,
-                timeout: settings.request_timeout,
-            })
-        }
-
-        /// The first record at or after `from` in `topic`/`partition`, read before `end`
-        /// (the log's end: nothing is read from there), looking back where the broker's
-        /// answer may have skipped records ([`super::read_looking_back`]; never below
-        /// `earliest`). With no `end` (a claimed end is being checked,
-        /// `super::evident_end`) the read is unbounded, and a broker that answers "offset
-        /// out of range" says no record is there.
-        pub fn first_at(
-            &self,
-            topic: &str,
-            partition: Partition,
-            from: Offset,
-            earliest: Offset,
-            end: Option<Offset>,
-        ) -> Result<FirstRecord, String> {
-            if end.is_some_and(|end| from >= end) {
-                return Ok(None);
-            }
-            Ok(self.read(topic, partition, from, earliest, end)?.hit)
-        }
-
-        /// The first record at or after `from` before `end`, with its timestamp in ms
-        /// (`None` when the record carries none), read as [`Self::first_at`] reads.
-        pub fn first_stamped_at(
-            &self,
-            topic: &str,
-            partition: Partition,
-            from: Offset,
-            earliest: Offset,
-            end: Offset,
-        ) -> Result<Option<(Offset, Option<i64>)>, String> {
-            if from >= end {
-                return Ok(None);
-            }
-            let read = super::read_looking_back(from, earliest, |at, target| {
-                self.scan(topic, partition, at, target, earliest, false)
-                    .map(|(first, hit)| (first, hit.map(|h| (h.offset, h.timestamp_ms))))
-            })?;
-            Ok(read.hit)
-        }
-
-        /// [`super::read_looking_back`] through this probe: where to read from so that
-        /// the stream holds every record at or after `from`, and the first of them.
-        pub fn read(
-            &self,
-            topic: &str,
-            partition: Partition,
-            from: Offset,
-            earliest: Offset,
-            end: Option<Offset>,
-        ) -> Result<super::Read, String> {
-            super::read_looking_back(from, earliest, |at, target| {
-                self.scan(topic, partition, at, target, earliest, end.is_none())
-                    .map(|(first, hit)| (first, hit.map(|h| (h.offset, h.epoch))))
-            })
-        }
-
-        /// The partition's high watermark as the last fetch answer of this probe gave it
-        /// (librdkafka's cache; `None` before any answer).
-        fn fetched_high(&self, topic: &str, partition: Partition) -> Option<i64> {
-            let topic = std::ffi::CString::new(topic).ok()?;
-            let (mut low, mut high) = (-1i64, -1i64);
-            // SAFETY: the handle is this probe's live consumer; `topic` is a valid C
-            // string for the call; the call only writes the two integers.
-            let err = unsafe {
-                madsim_rdkafka::bindings::rd_kafka_get_watermark_offsets(
-                    self.consumer.client().native_client().ptr(),
-                    topic.as_ptr(),
-                    partition as i32,
-                    &mut low,
-                    &mut high,
-                )
-            };
-            (err == madsim_rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
-                .then_some(high)
-        }
-
-        /// Reads `topic`/`partition` from `from`: the first record read, and the first
-        /// record at or after `target` with its leader epoch. `unbounded`: an "offset out
-        /// of range" answer reads as no record.
-        ///
-        /// A read that stays silent for [`QUIET`] is judged by the high watermark of the
-        /// probe's own fetch answers: at or past it, no record follows (tansu answers a
-        /// fetch past its end with nothing, not "out of range"); below it, the broker
-        /// skipped what lies there (tansu answers a read from inside the last batch with
-        /// nothing), which reads as nothing read, so the caller looks back — except from
-        /// the log's earliest, where there is no further back: an error, never a verdict.
-        fn scan(
-            &self,
-            topic: &str,
-            partition: Partition,
-            from: Offset,
-            target: Offset,
-            earliest: Offset,
-            unbounded: bool,
-        ) -> Result<(Option<Offset>, Option<Hit>), String> {
-            // Whatever an earlier probe left queued is not an answer to this one
-            // (librdkafka drops what an unassign outdated; this makes sure, bounded).
-            for _ in 0..MAX_STALE_POLLS {
-                if self.consumer.poll(Duration::ZERO).is_none() {
-                    break;
-                }
-            }
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition as i32, KOffset::Offset(from as i64))
-                .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
-            self.consumer
-                .assign(&tpl)
-                .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
-            let deadline = Instant::now() + self.timeout;
-            let mut first = None;
-            let mut quiet_since = Instant::now();
-            let answer = loop {
-                if Instant::now() > deadline {
-                    break Err(format!(
-                        "leader-epoch probe of {topic}/{partition} at {from}: no answer within {:?}",
-                        self.timeout
-                    ));
-                }
-                match self.consumer.poll(Duration::from_millis(20)) {
-                    None if quiet_since.elapsed() >= QUIET => {
-                        match self.fetched_high(topic, partition) {
-                            Some(high) if from as i64 >= high => break Ok((first, None)),
-                            Some(_) if first.is_none() && from > earliest => {
-                                break Ok((None, None))
-                            }
-                            Some(high) if first.is_none() => {
-                                break Err(format!(
-                                    "leader-epoch probe of {topic}/{partition} at {from}: the broker returns nothing below its high watermark {high}"
-                                ))
-                            }
-                            _ => {}
-                        }
-                    }
-                    None => {}
-                    Some(Err(KafkaError::PartitionEOF(p))) if p == partition as i32 => {
-                        break Ok((first, None))
-                    }
-                    Some(Err(e))
-                        if unbounded
-                            && matches!(
-                                e.rdkafka_error_code(),
-                                Some(
-                                    RDKafkaErrorCode::AutoOffsetReset
-                                        | RDKafkaErrorCode::OffsetOutOfRange
-                                )
-                            ) =>
-                    {
-                        break Ok((first, None))
-                    }
-                    Some(Err(e)) => {
-                        break Err(format!(
-                            "leader-epoch probe of {topic}/{partition} at {from}: {e}"
-                        ))
-                    }
-                    // Anything else is left over from an earlier probe.
-                    Some(Ok(m))
-                        if m.topic() == topic
-                            && m.partition() == partition as i32
-                            && m.offset() >= from as i64 =>
-                    {
-                        let o = m.offset() as Offset;
-                        first.get_or_insert(o);
-                        quiet_since = Instant::now();
-                        if o >= target {
-                            let hit = Hit {
-                                offset: o,
-                                epoch: leader_epoch(&m),
-                                timestamp_ms: m.timestamp().to_millis(),
-                            };
-                            break Ok((first, Some(hit)));
-                        }
-                    }
-                    Some(Ok(_)) => {}
-                }
-            };
-            let _ = self.consumer.unassign();
-            answer
-        }
-    }
 }
 
 #[cfg(test)]

@@ -33,15 +33,16 @@ use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Checkpoint, GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
 use super::client_log::{self, ClientLog, LoggedConsumer};
-use super::epochs::{divergence, evident_end, leader_epoch, EpochProbe};
 use super::log::{lock, KafkaLog};
 use super::nudge::{self, StuckWatch, Verdict};
+use super::probe::{leader_epoch, EpochProbe};
 use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
 use super::records::decode_message;
-use super::rules::part::{self, Span, Validate};
-use super::rules::revoke::{Ask, Revocation};
-use super::rules::{assign, Rebalance};
 use super::ClientRole;
+use crate::storage::kafka::rules::epochs::{divergence, evident_end};
+use crate::storage::kafka::rules::part::{self, Span, Validate};
+use crate::storage::kafka::rules::revoke::{Ask, Revocation};
+use crate::storage::kafka::rules::{assign, Rebalance};
 use crate::storage::ports::{GroupEvent, LogRead};
 use madsim_rdkafka::producer::FutureRecord;
 
@@ -495,7 +496,7 @@ impl GroupContext {
     }
 
     /// Where to read `partition` from so that the stream holds every record at or after
-    /// `at` ([`super::epochs::read_looking_back`]: a broker may answer a read from inside
+    /// `at` ([`crate::storage::kafka::rules::epochs::read_looking_back`]: a broker may answer a read from inside
     /// a record batch with the next batch; tansu 0.6.0 does). `at` itself when it is the
     /// log's earliest, or when the log cannot be read now (logged: the stream is then
     /// read as the broker answers it).
@@ -1359,8 +1360,8 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &TopicName) -> Vec<Partition> 
 mod tests {
     use unimesh_core::{Checkpoint, Progress};
 
-    use super::super::epochs::known_end;
     use super::*;
+    use crate::storage::kafka::rules::epochs::known_end;
 
     fn checkpoint(
         watermark: Offset,

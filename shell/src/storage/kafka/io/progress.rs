@@ -99,13 +99,14 @@ use unimesh_core::{
     RateRule, SubscriptionSpec, TopicName,
 };
 
-use super::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
 use super::log::{lock, KafkaLog};
+use super::properties::ClientRole;
 use super::records::{stored_value, Outgoing};
-use super::rules::fence::{choose, mark, Record};
-pub(super) use super::rules::fence::{Chosen, OwnerGen};
-use super::{ClientRole, KafkaSettings};
-use crate::storage::ports::{BoxFut, StatePort};
+use crate::storage::kafka::rules::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
+use crate::storage::kafka::rules::fence::{choose, mark, Record};
+pub(super) use crate::storage::kafka::rules::fence::{Chosen, OwnerGen};
+use crate::storage::kafka::KafkaSettings;
+use crate::storage::ports::{BoxFut, StatePort, StorageError};
 use crate::storage::state::codec::encode_subscription;
 use crate::storage::state::StoreAdapter;
 use crate::storage::state::{DlqEntry, Loaded};
@@ -261,7 +262,7 @@ fn send_progress(
         .map_err(|(e, _)| format!("cannot write the progress topic: {e}"))
 }
 
-/// Writes each lane's claim ([`super::rules::assign::claim`]: the checkpoint it resumes
+/// Writes each lane's claim ([`crate::storage::kafka::rules::assign::claim`]: the checkpoint it resumes
 /// from, under its new owner's generation `gen`, stamped with the checkpoint's leader
 /// epoch) to the progress topic's home partition and waits until the broker acknowledged
 /// every one. From then on no record of an earlier owner of these lanes, however late it
@@ -499,7 +500,7 @@ impl ProgressReader {
 
     /// The stamp of each checkpoint of `batch`, or why the batch is fenced (a lane this
     /// instance does not own).
-    fn stamps(&self, batch: &PersistBatch) -> Result<Stamps, String> {
+    fn stamps(&self, batch: &PersistBatch) -> Result<Stamps, StorageError> {
         let mut owners = lock(&self.owners);
         batch
             .checkpoints
@@ -514,10 +515,10 @@ impl ProgressReader {
                         rewound_from: mark(&mut o.reached, c.checkpoint.progress.watermark()),
                     })
                     .ok_or_else(|| {
-                        format!(
-                            "fenced: partition {} of group {} is not owned by this instance",
+                        StorageError::Fenced(format!(
+                            "partition {} of group {} is not owned by this instance",
                             c.partition, c.group
-                        )
+                        ))
                     })
             })
             .collect()
@@ -690,7 +691,7 @@ pub struct KafkaState {
     /// recovers.
     definitions: Vec<SubscriptionSpec>,
     /// The topic of each group, for the DLQ topic's name.
-    topics: Mutex<BTreeMap<GroupName, TopicName>>,
+    topics: Arc<Mutex<BTreeMap<GroupName, TopicName>>>,
     /// Per DLQ key, the record (its [`super::dlq::record_id`]) this instance handed the
     /// core to replay: what a resolution of the key deletes (docs/DESIGN.md §8).
     replayed: Arc<Mutex<BTreeMap<DlqKey, String>>>,
@@ -704,7 +705,7 @@ impl KafkaState {
             local,
             log,
             definitions,
-            topics: Mutex::new(BTreeMap::new()),
+            topics: Arc::new(Mutex::new(BTreeMap::new())),
             replayed: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
@@ -715,7 +716,10 @@ impl KafkaState {
     /// many ranges and attempt counts the bound dropped; why not when the lane is not owned
     /// here (the batch is fenced). Public so a simulation can recognise the record at the
     /// broker.
-    pub fn progress_record(&self, lane: &LaneCheckpoint) -> Result<(String, Vec<u8>, u64), String> {
+    pub fn progress_record(
+        &self,
+        lane: &LaneCheckpoint,
+    ) -> Result<(String, Vec<u8>, u64), StorageError> {
         let one = PersistBatch {
             checkpoints: vec![lane.clone()],
             ..PersistBatch::default()
@@ -737,7 +741,7 @@ impl KafkaState {
 
     /// The DLQ ledger of `group`, read to its end (off the async workers; under madsim by
     /// the simulated consumer's async polls).
-    fn ledger(&self, group: GroupName) -> BoxFut<Result<super::dlq::Ledger, String>> {
+    fn ledger(&self, group: GroupName) -> BoxFut<Result<super::dlq::Ledger, StorageError>> {
         let topic = lock(&self.topics).get(&group).cloned();
         let log = self.log.clone();
         Box::pin(async move {
@@ -745,11 +749,14 @@ impl KafkaState {
                 return Ok(super::dlq::Ledger::default());
             };
             #[cfg(madsim)]
-            return super::dlq::list(&log, &group, &topic).await;
+            return super::dlq::list(&log, &group, &topic)
+                .await
+                .map_err(StorageError::unavailable);
             #[cfg(not(madsim))]
             tokio::task::spawn_blocking(move || super::dlq::list(&log, &group, &topic))
                 .await
-                .map_err(|e| format!("DLQ read failed: {e}"))?
+                .map_err(|e| StorageError::failed("DLQ read failed", e))?
+                .map_err(StorageError::unavailable)
         })
     }
 }
@@ -790,20 +797,29 @@ fn replays_done(replayed: &mut BTreeMap<DlqKey, String>, batch: &PersistBatch) {
 }
 
 impl StatePort for KafkaState {
-    fn load(&self) -> Result<Loaded, String> {
-        let mut loaded = self.local.load()?;
-        // Progress comes with each assignment, from the progress topic; definitions from
-        // the subscriptions topic (a copy an earlier version kept locally is not read).
-        loaded.recovered.checkpoints.clear();
-        loaded.recovered.subscriptions = self.definitions.clone();
-        let mut topics = lock(&self.topics);
-        for s in &loaded.recovered.subscriptions {
-            topics.insert(s.group.clone(), s.topic.clone());
-        }
-        Ok(loaded)
+    fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
+        let local = self.local.load();
+        let definitions = self.definitions.clone();
+        let topics = Arc::clone(&self.topics);
+        Box::pin(async move {
+            let mut loaded = local.await?;
+            // Progress comes with each assignment, from the progress topic; definitions from
+            // the subscriptions topic (a copy an earlier version kept locally is not read).
+            loaded.recovered.checkpoints.clear();
+            loaded.recovered.subscriptions = definitions;
+            let mut topics = lock(&topics);
+            for s in &loaded.recovered.subscriptions {
+                topics.insert(s.group.clone(), s.topic.clone());
+            }
+            Ok(loaded)
+        })
     }
 
-    fn apply(&self, batch: Arc<PersistBatch>, now_wall_ms: u64) -> BoxFut<Result<(), String>> {
+    fn apply(
+        &self,
+        batch: Arc<PersistBatch>,
+        now_wall_ms: u64,
+    ) -> BoxFut<Result<(), StorageError>> {
         let log = self.log.clone();
         // Looked up before anything is written: a batch of a lane not owned here writes
         // nothing (see the module documentation).
@@ -854,7 +870,7 @@ impl StatePort for KafkaState {
             // its progress.
             let mut definitions = Vec::new();
             for spec in &batch.subscriptions {
-                let value = encode_subscription(spec).map_err(|e| e.to_string())?;
+                let value = encode_subscription(spec).map_err(StorageError::from_source)?;
                 definitions.push((spec.group.as_str().to_owned(), Some(value)));
             }
             for g in &batch.removed_groups {
@@ -868,16 +884,25 @@ impl StatePort for KafkaState {
                 match inner.producer.send_result(record) {
                     Ok(f) => pending.push(f),
                     Err((e, _)) => {
-                        return Err(format!("cannot write the subscriptions topic: {e}"))
+                        return Err(StorageError::failed(
+                            "cannot write the subscriptions topic",
+                            e,
+                        ))
                     }
                 }
             }
             // Dead letters and resolutions before the progress that counts them done.
             for d in &batch.dead_letters {
-                pending.push(super::dlq::write(&log, d, now_wall_ms).await?);
+                pending.push(
+                    super::dlq::write(&log, d, now_wall_ms)
+                        .await
+                        .map_err(StorageError::unavailable)?,
+                );
             }
             for (topic, key, id) in &resolved {
-                pending.push(super::dlq::resolve(&log, topic, key, id)?);
+                pending.push(
+                    super::dlq::resolve(&log, topic, key, id).map_err(StorageError::unavailable)?,
+                );
             }
             for (lane, stamp) in batch.checkpoints.iter().zip(&stamps) {
                 let (key, value, dropped) = progress_record(lane, stamp.gen, s.max_progress_ranges);
@@ -889,15 +914,25 @@ impl StatePort for KafkaState {
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
                 let headers = stamp_headers(stamp.leader_epoch, stamp.rewound_from);
-                pending.push(send_progress(&log, &key, &value, &headers)?);
+                pending.push(
+                    send_progress(&log, &key, &value, &headers)
+                        .map_err(StorageError::unavailable)?,
+                );
             }
             for f in pending {
                 match f.await {
                     Ok(Ok(_)) => {}
                     Ok(Err((e, _))) => {
-                        return Err(format!("the progress topic refused a write: {e}"))
+                        return Err(StorageError::failed(
+                            "the progress topic refused a write",
+                            e,
+                        ))
                     }
-                    Err(_) => return Err("the producer dropped a progress write".into()),
+                    Err(_) => {
+                        return Err(StorageError::unavailable(
+                            "the producer dropped a progress write",
+                        ))
+                    }
                 }
             }
             replays_done(&mut lock(&replayed), &batch);
@@ -906,7 +941,11 @@ impl StatePort for KafkaState {
         })
     }
 
-    fn dlq_list(&self, group: GroupName, max: usize) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    fn dlq_list(
+        &self,
+        group: GroupName,
+        max: usize,
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         let ledger = self.ledger(group);
         Box::pin(async move {
             let all = ledger.await?.all(max);
@@ -918,7 +957,7 @@ impl StatePort for KafkaState {
         &self,
         group: GroupName,
         max: usize,
-    ) -> BoxFut<Result<Vec<DlqEntry>, String>> {
+    ) -> BoxFut<Result<Vec<DlqEntry>, StorageError>> {
         let ledger = self.ledger(group);
         let replayed = Arc::clone(&self.replayed);
         Box::pin(async move {
@@ -945,7 +984,7 @@ impl StatePort for KafkaState {
         &self,
         topic: TopicName,
         rule: Option<RateRule>,
-    ) -> BoxFut<Result<(), String>> {
+    ) -> BoxFut<Result<(), StorageError>> {
         self.local.put_rate_rule(topic, rule)
     }
 }
@@ -1091,13 +1130,13 @@ mod tests {
     #[test]
     fn a_resolution_deletes_the_replayed_record_only() {
         let lost = dead_letter(7, "lost");
-        let lost_id = crate::storage::kafka::dlq::record_id(&lost.record);
+        let lost_id = super::super::dlq::record_id(&lost.record);
         let other = dead_letter(9, "other");
         let mut replayed = BTreeMap::new();
         replayed.insert(lost.key.clone(), lost_id.clone());
         replayed.insert(
             other.key.clone(),
-            crate::storage::kafka::dlq::record_id(&other.record),
+            super::super::dlq::record_id(&other.record),
         );
         let unknown_key = dead_letter(8, "x").key;
         let (out, unknown) = resolutions(&replayed, &[lost.key.clone(), unknown_key.clone()]);
