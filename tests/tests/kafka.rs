@@ -261,6 +261,45 @@ fn a_restart_takes_its_groups_from_the_subscriptions_topic() {
     server.get("/v1/subscriptions/kept").expect(200);
 }
 
+/// Goal: a definition in the subscriptions topic that this node's limits refuse —
+/// written by an instance configured otherwise — does not stop this node's start; it is
+/// logged with the group and the reason and skipped, as the watcher skips it while
+/// serving (docs/DESIGN.md §8, "A state batch on Kafka is durable as one";
+/// `engine::shared::admitted`). Method: `narrow` and `wide` (maxAttempts 100) are
+/// defined; the instance restarts with `mesh.max_attempts = 50`, as another instance's
+/// configuration. It starts (the branch before the fix refused: `Mesh::new` rejects the
+/// recovery), serves `narrow`, not `wide`, and its log names `wide` and `maxAttempts`.
+#[test]
+fn a_definition_this_node_refuses_is_skipped_at_start() {
+    let broker = Broker::start();
+    let mut server = Server::start(broker.server_options("one", 1));
+    server.subscribe("narrow", &json!({"topic": "t", "startFrom": "earliest"}));
+    server.subscribe(
+        "wide",
+        &json!({"topic": "t", "startFrom": "earliest", "maxAttempts": 100}),
+    );
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+
+    server.restart_with(
+        broker
+            .server_options("one", 1)
+            .toml("[mesh]\nmax_attempts = 50\n"),
+    );
+    server.get("/v1/subscriptions/narrow").expect(200);
+    server
+        .get("/v1/subscriptions/wide")
+        .expect_error(404, "unknown-group");
+    let log = server.stderr();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("skipped at start")
+            && l.contains("wide")
+            && l.contains("maxAttempts")),
+        "{log}"
+    );
+}
+
 /// Goal: a late progress write of a replaced owner (a zombie) never replaces the progress
 /// of the lane's later owner (docs/DESIGN.md §8; shell/src/storage/kafka/progress.rs). Method: a
 /// group ACKs records 0..3 of 10 and stops gracefully (its progress record says 3, under

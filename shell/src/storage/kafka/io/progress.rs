@@ -807,6 +807,7 @@ impl StatePort for KafkaState {
             // the subscriptions topic (a copy an earlier version kept locally is not read).
             loaded.recovered.checkpoints.clear();
             loaded.recovered.subscriptions = definitions;
+            loaded.shared_definitions = true;
             let mut topics = lock(&topics);
             for s in &loaded.recovered.subscriptions {
                 topics.insert(s.group.clone(), s.topic.clone());
