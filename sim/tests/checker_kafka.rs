@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use unimesh_core::{
-    Checkpoint, ClientId, Delivery, DeliveryId, EventMeta, GroupName, LaneCheckpoint, PersistBatch,
-    Progress, Record, RecordMeta, Response, Settle, SkipReason, SubscriptionSpec, TopicName,
+    Checkpoint, ClientId, DeadLetter, DeadLetterReason, Delivery, DeliveryId, DlqKey, EventMeta,
+    GroupName, LaneCheckpoint, PersistBatch, Progress, Record, RecordMeta, Response, Settle,
+    SkipReason, SubscriptionSpec, TopicName,
 };
 use unimesh_sim::{Checker, Clause, SettleKind};
 
@@ -322,4 +323,74 @@ fn seed_424_a_commit_emitted_before_a_seek_and_taken_after_it_does_not_use_the_s
     c.commit_emitted(&group(), 0, 1);
     let v = c.committed(&group(), 0, 1).unwrap_err();
     assert!(v.message.contains("commit went back 2 -> 1"), "{v}");
+}
+
+/// Goal: a late write read back is judged by what was true when it was written: a
+/// checkpoint written beside its record's dead letter stays justified after a replay's ACK
+/// resolved the entry (group seeds 85 and 197 with stream clients, where the checker
+/// failed C1 on a correct mesh). Method: instance 0 dead-letters record 0 (its one
+/// attempt), then writes a checkpoint marking it done that lands although the write is
+/// reported failed; the DLQ entry is resolved; instance 1 resumes from that checkpoint.
+/// A checkpoint marking done a record that was never dead-lettered still fails.
+#[test]
+fn a_checkpoint_read_back_after_its_dead_letter_was_resolved_is_justified() {
+    let judged = |dead_letter: bool| {
+        let mut spec = SubscriptionSpec::new(group(), topic());
+        spec.max_attempts = 1;
+        let mut c = Checker::default();
+        c.add_group(&spec);
+        c.published(&topic(), 0, &record(0, "e0")).unwrap();
+        start(&mut c, 0);
+        deliver(&mut c, 0, "e0", 1);
+        let key = DlqKey {
+            group: group(),
+            partition: 0,
+            offset: 0,
+        };
+        let letters = PersistBatch {
+            dead_letters: vec![DeadLetter {
+                key: key.clone(),
+                topic: topic(),
+                record: record(0, "e0"),
+                attempts: 1,
+                reason: DeadLetterReason::AckTimeout,
+            }],
+            ..PersistBatch::default()
+        };
+        let resolved = PersistBatch {
+            dlq_resolved: vec![key],
+            ..PersistBatch::default()
+        };
+        let done = checkpoint(1);
+        let c0 = c.instance(0);
+        let mut batches = vec![(2, &done)];
+        if dead_letter {
+            batches = vec![(2, &letters), (3, &done)];
+        }
+        for &(ticket, b) in &batches {
+            c0.persist_emitted(ticket, b).unwrap();
+        }
+        if dead_letter {
+            c0.persist_applied(2, &letters).unwrap();
+            c0.persist_notified(2);
+        }
+        let late = batches.last().map_or(2, |&(t, _)| t);
+        c0.persist_failed_partly(late, &done);
+        c0.persist_emitted(4, &resolved).unwrap();
+        c0.persist_applied(4, &resolved).unwrap();
+        let epoch = PersistBatch {
+            epoch: Some(1),
+            ..PersistBatch::default()
+        };
+        let c1 = c.instance(1);
+        c1.started(0, 1).unwrap();
+        c1.persist_emitted(1, &epoch).unwrap();
+        c1.persist_applied(1, &epoch).unwrap();
+        let cp = &done.checkpoints[0].checkpoint;
+        c1.read_back(&group(), 0, cp, Some((0, late, &done, 0)))
+    };
+    judged(true).unwrap();
+    let v = judged(false).unwrap_err();
+    assert_eq!(v.clause, Clause::C1, "{v}");
+    assert!(v.message.contains("offset 0 made durable as done"), "{v}");
 }

@@ -381,13 +381,14 @@ fn a_malformed_traceparent_is_refused_naming_it() {
 /// about. Method: a mesh on Kafka (tansu, or librdkafka's mock cluster with
 /// `UNIMESH_TEST_BROKER=mock`) exporting over OTLP to the collector of this test; a
 /// subscription starts a consumer, whose first assignment is a `rebalance` span, exported
-/// when the callback returns. (The consumer thread's own `kafka_consumer` span is not
-/// checked here: it never reaches the collector, and the thread's lines do not carry it.)
+/// when the callback returns, as a child of the consumer thread's `kafka_consumer` span
+/// (group, topic), which holds every line the thread logs and is exported when the server
+/// stops.
 #[test]
 fn kafka_rebalance_spans_carry_group_topic_and_partitions() {
     let broker = Broker::start();
     let collector = Hook::ok();
-    let s = Server::start(
+    let mut s = Server::start(
         broker
             .server_options("traced", 2)
             .toml(&format!(
@@ -430,5 +431,23 @@ fn kafka_rebalance_spans_carry_group_topic_and_partitions() {
         partitions.len() >= 2 && partitions.contains(&at.partition),
         "assigned {partitions:?}, the event is on {}",
         at.partition
+    );
+    // The consumer thread's span holds every line it logs: the rebalance is its child, and
+    // the span is exported when the thread ends (the server's shutdown leaves the group).
+    s.terminate();
+    let consumer = wait_for("the exported kafka_consumer span of group g", WAIT, || {
+        spans(&collector).into_iter().find(|s| {
+            s.name == "kafka_consumer" && s.attributes.get("group").map(String::as_str) == Some("g")
+        })
+    });
+    assert_attrs(&consumer, &[("topic", "orders")]);
+    assert_eq!(
+        rebalance.parent_span_id, consumer.span_id,
+        "the rebalance is a child of the consumer thread's span"
+    );
+    let log = s.stderr();
+    assert!(
+        log.contains("kafka_consumer{group=g topic=orders}:rebalance{"),
+        "the consumer thread's lines carry its span:\n{log}"
     );
 }

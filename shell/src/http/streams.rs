@@ -14,6 +14,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::sink::SinkExt;
 use futures_util::stream::{self, Stream as FutStream};
 use http::{HeaderMap, StatusCode, Version};
 use serde::Deserialize;
@@ -274,19 +275,25 @@ async fn ws_session(
                     }))).await;
                     return;
                 };
+                // The batch's frames go out in one flush (a write per batch, not per
+                // delivery); a frame counts as written only once the flush succeeded.
+                let mut fed = Vec::new();
                 let mut failed = Vec::new();
-                let mut written = 0;
                 for d in &batch {
                     // Spans the write; not entered across the await.
                     let _deliver = crate::trace::deliver_span(&group, d, "websocket");
                     let Some(text) = DeliveryView::json(&group, d) else { continue };
-                    if failed.is_empty() && socket.send(Message::Text(text.into())).await.is_ok() {
-                        written += 1;
+                    if failed.is_empty() && socket.feed(Message::Text(text.into())).await.is_ok() {
+                        fed.push(d.id);
                     } else {
                         failed.push(d.id);
                     }
                 }
-                stream.written(written);
+                if !fed.is_empty() && socket.flush().await.is_err() {
+                    fed.append(&mut failed);
+                    failed = std::mem::take(&mut fed);
+                }
+                stream.written(fed.len());
                 if !failed.is_empty() {
                     stream.failed(failed);
                     return;

@@ -60,14 +60,12 @@ impl fmt::Display for Failure {
         write!(f, "{}", self.options)?;
         writeln!(f, "  injected: {}", self.counts)?;
         writeln!(f, "  trace hash {:016x}; last steps:", self.trace_hash)?;
+        // The replay command is the sweep's to print (`sweep::sweep`): it knows the shape's
+        // test, which this failure does not.
         for s in &self.last_steps {
             writeln!(f, "    {s}")?;
         }
-        writeln!(
-            f,
-            "replay: MADSIM_TEST_SEED={} RUSTFLAGS=\"--cfg madsim\" cargo test -p unimesh-sim-shell --test seeds replay -- --nocapture",
-            self.seed
-        )
+        Ok(())
     }
 }
 

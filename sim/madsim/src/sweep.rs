@@ -53,7 +53,7 @@ pub fn sweep(what: &str, replay_test: &str, note: &str, from: u64, n: u64, run: 
             Err(f) => {
                 eprintln!("{f}");
                 eprintln!(
-                    "({what}: replay with `MADSIM_TEST_SEED={seed} cargo test -p unimesh-sim-shell --test {file} {name} -- --nocapture`)"
+                    "({what}: replay with `MADSIM_TEST_SEED={seed} RUSTFLAGS=\"--cfg madsim\" cargo test -p unimesh-sim-shell --test {file} {name} -- --nocapture`)"
                 );
                 swept.failed.push(seed);
             }

@@ -171,14 +171,16 @@ impl Post for Target {
                 }
                 Fate::Hang => {
                     self.world.count(|c| &mut c.pushes_hung);
-                    self.world.push_answered(&ids, Answered::Taken);
+                    self.world
+                        .push_answered(self.node, &self.group, &ids, Answered::Taken);
                     // Never answers: the pusher's `request_timeout_ms` ends the request.
                     std::future::pending::<()>().await;
                     (StatusCode::GATEWAY_TIMEOUT, None, Answered::Failed)
                 }
                 _ => (StatusCode::OK, None, Answered::Ok),
             };
-            self.world.push_answered(&ids, answered);
+            self.world
+                .push_answered(self.node, &self.group, &ids, answered);
             Ok(Answer {
                 status,
                 retry_after,

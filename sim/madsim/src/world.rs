@@ -100,7 +100,9 @@ struct Inner {
     fences_at_broker: bool,
     /// What each webhook target answered for the deliveries it took, until the pusher
     /// settles them: the pusher ACKs only a 2xx and NACKs a 429/503 by its `Retry-After`.
-    pushes: BTreeMap<DeliveryId, Answered>,
+    /// Keyed by node and group too: a delivery id is unique only within one mesh node's
+    /// engine (two nodes count epochs and leases alike).
+    pushes: BTreeMap<(usize, GroupName, DeliveryId), Answered>,
 }
 
 /// What the world knows of one mesh node.
@@ -770,10 +772,16 @@ impl World {
     }
 
     /// A webhook target answered (or not yet) the request naming these deliveries.
-    pub fn push_answered(&self, ids: &[DeliveryId], answered: Answered) {
+    pub fn push_answered(
+        &self,
+        node: usize,
+        group: &GroupName,
+        ids: &[DeliveryId],
+        answered: Answered,
+    ) {
         let mut w = self.lock();
         for id in ids {
-            w.pushes.insert(*id, answered);
+            w.pushes.insert((node, group.clone(), *id), answered);
         }
     }
 
@@ -1137,7 +1145,7 @@ impl Inner {
         let first = ids.first().map_or(0, |id| id.offset);
         self.note(node, t, "settle", [code, ids.len() as u64, first, 0]);
         if !matches!(kind, SettleKind::Extend(_)) {
-            self.check_pushed(group, kind, ids);
+            self.check_pushed(node, group, kind, ids);
         }
         let r = self.checker.settled(t, group, kind, ids, response);
         self.check(r);
@@ -1152,13 +1160,19 @@ impl Inner {
     /// A settle of deliveries a webhook target took must follow its answer: an ACK only
     /// after a 2xx; a NACK after a 429/503 with `Retry-After` delayed by it, capped by the
     /// group's backoff maximum; after any other answer or none, the group's backoff.
-    fn check_pushed(&mut self, group: &GroupName, kind: SettleKind, ids: &[DeliveryId]) {
+    fn check_pushed(
+        &mut self,
+        node: usize,
+        group: &GroupName,
+        kind: SettleKind,
+        ids: &[DeliveryId],
+    ) {
         let max_ms = self
             .live_specs
             .get(group)
             .map_or(u64::MAX, |s| s.backoff.max_ms);
         for id in ids {
-            let Some(answered) = self.pushes.remove(id) else {
+            let Some(answered) = self.pushes.remove(&(node, group.clone(), *id)) else {
                 continue;
             };
             let expected = match answered {

@@ -266,6 +266,11 @@ pub struct Checker {
     /// The DLQ ledger: per key, the serials of the records it holds (a lost tail reuses
     /// coordinates: the lost record's and the new record's may both be there).
     dlq: BTreeMap<DlqKey, BTreeSet<u64>>,
+    /// Per key, the serials of every record ever made durable in the DLQ, resolved since or
+    /// not: what justifies a checkpoint marking a dead-lettered record done (C1). A
+    /// checkpoint written beside its dead letters may be judged only after a replay's ACK
+    /// resolved them (a late write, read back later: [`Checker::read_back`]).
+    dead_lettered: BTreeMap<DlqKey, BTreeSet<u64>>,
     /// The record each instance last delivered from its replay lane, per DLQ key: what a
     /// resolution of that key by that instance refers to.
     replayed: BTreeMap<(Instance, DlqKey), u64>,
@@ -300,6 +305,7 @@ impl Checker {
             groups: BTreeMap::new(),
             issued: HashMap::new(),
             dlq: BTreeMap::new(),
+            dead_lettered: BTreeMap::new(),
             replayed: BTreeMap::new(),
             emitted: BTreeMap::new(),
             unread: BTreeMap::new(),

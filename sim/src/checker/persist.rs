@@ -309,6 +309,7 @@ impl Checker {
         for name in &batch.removed_groups {
             self.groups.remove(name);
             self.dlq.retain(|k, _| k.group != *name);
+            self.dead_lettered.retain(|k, _| k.group != *name);
         }
         for d in &batch.dead_letters {
             self.stats.dead_letters += 1;
@@ -362,6 +363,10 @@ impl Checker {
                 );
             }
             self.dlq.entry(d.key.clone()).or_default().insert(serial);
+            self.dead_lettered
+                .entry(d.key.clone())
+                .or_default()
+                .insert(serial);
         }
         for k in &batch.dlq_resolved {
             let replayed = self.replayed.get(&(inst, k.clone())).copied();
@@ -404,7 +409,7 @@ impl Checker {
                 clip(&mut written, t.new_end);
             }
         }
-        let dlq = &self.dlq;
+        let dlq = &self.dead_lettered;
         let Some(g) = self.groups.get_mut(&c.group) else {
             return Ok(None);
         };
@@ -437,9 +442,10 @@ impl Checker {
                 ),
             });
         }
-        // C1: every newly durable done offset was ACKed, dead-lettered, filtered out,
-        // skipped by retention (reported), passed over by a seek — in that generation — or
-        // is not shown by the broker since before the checkpoint was written.
+        // C1: every newly durable done offset was ACKed, dead-lettered (resolved since or
+        // not), filtered out, skipped by retention (reported), passed over by a seek — in
+        // that generation — or is not shown by the broker since before the checkpoint was
+        // written.
         let mut justified = |o: Offset| {
             let Some(r) = log.and_then(|l| l.recs.get(o as usize)) else {
                 return false;

@@ -150,10 +150,10 @@ impl GroupConsumer {
             nudge_due: Mutex::new(None),
             nudger: Mutex::new(None),
         };
-        let consumer: BaseConsumer<GroupContext> = log
-            .inner
-            .runtime
-            .block_on_outside(config.create_with_context(ctx))
+        // No broker round trip: librdkafka's `rd_kafka_new` only sets the client up (its
+        // threads connect later), so the engine's task creating it does not wait on the broker.
+        let consumer: BaseConsumer<GroupContext> = run_now(config.create_with_context(ctx))
+            .ok_or_else(|| format!("the Kafka consumer of group {group} was not created at once"))?
             .map_err(|e| format!("cannot create the Kafka consumer of group {group}: {e}"))?;
         let consumer = Arc::new(consumer);
         let _ = consumer.context().me.set(Arc::downgrade(&consumer));
@@ -161,10 +161,13 @@ impl GroupConsumer {
             .subscribe(&[topic.as_str()])
             .map_err(|e| format!("cannot subscribe group {group} to {topic}: {e}"))?;
         // Every line the thread logs (rebalances included) carries its group and topic.
-        let span = tracing::info_span!("kafka_consumer", group = %group, topic = %topic);
+        let (g, t) = (group.clone(), topic.clone());
         let thread = std::thread::Builder::new()
             .name(format!("kafka-{group}"))
-            .spawn(move || span.in_scope(|| run(consumer)))
+            .spawn(move || {
+                let span = tracing::info_span!("kafka_consumer", group = %g, topic = %t);
+                span.in_scope(|| run(consumer))
+            })
             .map_err(|e| format!("cannot start the consumer thread: {e}"))?;
         tracing::info!(%group, %topic, "Kafka consumer joined the group");
         Ok(Self {
@@ -211,22 +214,6 @@ impl GroupConsumer {
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
-    }
-}
-
-/// Running a future from a thread outside the runtime.
-trait BlockOnOutside {
-    fn block_on_outside<F: Future + Send>(&self, f: F) -> F::Output
-    where
-        F::Output: Send;
-}
-
-impl BlockOnOutside for tokio::runtime::Handle {
-    fn block_on_outside<F: Future + Send>(&self, f: F) -> F::Output
-    where
-        F::Output: Send,
-    {
-        super::log::block_on(self, f)
     }
 }
 
@@ -795,9 +782,10 @@ fn nudge_or_settle(ctx: &GroupContext, verdict: Verdict) {
                     .set("client.id", format!("{}-{group}-nudge", s.instance))
                     .set("enable.auto.commit", "false")
                     .set("statistics.interval.ms", "0");
-                match ctx.log.inner.runtime.block_on_outside(
-                    config.create_with_context(ClientLog::new(format!("nudge {group}"))),
-                ) {
+                match run_now(config.create_with_context(ClientLog::new(format!("nudge {group}"))))
+                    .unwrap_or_else(|| {
+                        Err(KafkaError::ClientCreation("not created at once".into()))
+                    }) {
                     Ok(c) => *slot = Some(c),
                     Err(e) => {
                         tracing::warn!(%group, error = %e, "cannot create the client that nudges the group's coordinator");
