@@ -459,3 +459,61 @@ fn a_read_back_names_its_persist_by_incarnation_and_ticket() {
         .unwrap_err();
     assert_eq!(v.clause, Clause::C3, "{v}");
 }
+
+/// Goal: a zombie's read (an assignment the coordinator had overtaken) counts as a read of
+/// the lane's durable state when nothing durable outranks the record it took, and not
+/// otherwise (group seed 1093: a zombie resumed from another owner's record the checker had
+/// not applied, and its later checkpoint was judged as if it resumed from older state).
+/// Method: instance 1 writes a checkpoint marking record 0 done (ACKed), which lands
+/// although its write is reported failed; instance 2, a zombie, reads it: it becomes the
+/// lane's durable state. Once a later owner's checkpoint is durable, a zombie reading the
+/// older record changes nothing.
+#[test]
+fn a_zombies_read_of_the_newest_record_is_a_read_of_durable_state() {
+    let mut c = world(1, 0);
+    start(&mut c, 1);
+    let id = deliver(&mut c, 0, "e0", 1);
+    ack(&mut c, id);
+    let done = checkpoint(1);
+    let c1 = c.instance(1);
+    c1.persist_emitted(2, &done).unwrap();
+    c1.persist_failed_partly(2, &done);
+    let cp = done.checkpoints[0].checkpoint.clone();
+    assert!(!c.is_durable(&group(), 0, &cp));
+    let epoch = PersistBatch {
+        epoch: Some(1),
+        ..PersistBatch::default()
+    };
+    let c2 = c.instance(2);
+    c2.started(0, 1).unwrap();
+    c2.persist_emitted(1, &epoch).unwrap();
+    c2.persist_applied(1, &epoch).unwrap();
+    // Instance 1 is the second incarnation started in this world.
+    c2.read_back_stale(&group(), 0, &cp, Some((1, 2, 2, &done, 0)))
+        .unwrap();
+    c2.assigned_stale(&group(), 0);
+    assert!(
+        c.is_durable(&group(), 0, &cp),
+        "the zombie read the newest record"
+    );
+
+    // A later owner's durable checkpoint outranks the record: a zombie's read of it is
+    // left alone.
+    let mut c = world(1, 0);
+    start(&mut c, 1);
+    let id = deliver(&mut c, 0, "e0", 1);
+    ack(&mut c, id);
+    let c1 = c.instance(1);
+    c1.persist_emitted(2, &done).unwrap();
+    c1.persist_failed_partly(2, &done);
+    start(&mut c, 3);
+    let c3 = c.instance(3);
+    c3.persist_emitted(2, &checkpoint(0)).unwrap();
+    c3.persist_applied(2, &checkpoint(0)).unwrap();
+    let c2 = c.instance(2);
+    c2.started(0, 1).unwrap();
+    c2.read_back_stale(&group(), 0, &cp, Some((1, 2, 2, &done, 0)))
+        .unwrap();
+    assert!(!c.is_durable(&group(), 0, &cp));
+    assert!(c.is_durable(&group(), 0, &checkpoint(0).checkpoints[0].checkpoint));
+}

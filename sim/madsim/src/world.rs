@@ -866,6 +866,7 @@ impl Inner {
         partition: Partition,
         checkpoint: &unimesh_core::Checkpoint,
         source: Option<(usize, Arc<PersistBatch>, usize)>,
+        stale: bool,
     ) -> Result<(), Violation> {
         let source = source.and_then(|(writer, batch, index)| {
             let key = Arc::as_ptr(&batch) as usize;
@@ -883,14 +884,15 @@ impl Inner {
                 })?;
             Some((writer as u32, incarnation, ticket, batch, index))
         });
-        self.checker.instance(node as u32).read_back(
-            group,
-            partition,
-            checkpoint,
-            source
-                .as_ref()
-                .map(|(w, n, t, b, i)| (*w, *n, *t, b.as_ref(), *i)),
-        )
+        let source = source
+            .as_ref()
+            .map(|(w, n, t, b, i)| (*w, *n, *t, b.as_ref(), *i));
+        let checker = self.checker.instance(node as u32);
+        if stale {
+            checker.read_back_stale(group, partition, checkpoint, source)
+        } else {
+            checker.read_back(group, partition, checkpoint, source)
+        }
     }
 
     /// A group's number in the trace of several mesh nodes (its position among the groups,
@@ -1002,18 +1004,15 @@ impl Inner {
                         self.counts.resumed_from_progress += 1;
                     }
                     let stale = taken.stale.get(i).copied().unwrap_or(false);
-                    // What a zombie resumes from is no durable state of the lane: whatever
-                    // it took (a record the live owner's outranks, when it reads below the
-                    // owner's generation), its writes rank below the live owner's, and a
-                    // reader that later takes one of them is judged then. Only a member the
-                    // coordinator still counts as the lane's owner is judged by what it read.
-                    if let Some(c) = a
-                        .checkpoint
-                        .as_ref()
-                        .filter(|_| self.fences_at_broker && !stale)
-                    {
+                    // What a member the coordinator still counts as the lane's owner read is
+                    // judged as a read of the lane's durable state. A zombie's read is judged
+                    // only when nothing durable outranks it (then it is the lane's newest
+                    // record); a record the live owner's outranks, taken when a zombie reads
+                    // below the owner's generation, is left alone: the zombie's writes rank
+                    // below the live owner's, and a reader that takes one is judged then.
+                    if let Some(c) = a.checkpoint.as_ref().filter(|_| self.fences_at_broker) {
                         let source = taken.sources.get(i).cloned().flatten();
-                        let r = self.read_back(node, group, a.partition, c, source);
+                        let r = self.read_back(node, group, a.partition, c, source, stale);
                         self.check(r);
                     }
                     if stale {

@@ -178,6 +178,53 @@ impl Checker {
         result
     }
 
+    /// [`Checker::read_back`] for a reader acting on an assignment the coordinator had
+    /// already overtaken (a zombie, [`Checker::assigned_stale`]): what it read is judged and
+    /// applied like any read when nothing durable outranks it (the store holds it, and the
+    /// next reader takes it unless a later owner writes first), and left alone when a later
+    /// owner's durable checkpoint outranks it (the zombie's writes rank below that owner's:
+    /// seeds 84 and 130). Without it, a zombie that resumed from another owner's record the
+    /// checker had not applied yet wrote checkpoints judged as if it resumed from the older
+    /// durable state (group seed 1093: an offset done in the record it read, ACKed by its
+    /// writer, counted as never ACKed).
+    pub fn read_back_stale(
+        &mut self,
+        group: &GroupName,
+        p: Partition,
+        checkpoint: &Checkpoint,
+        source: Option<(super::Instance, u32, Ticket, &PersistBatch, usize)>,
+    ) -> Check {
+        let Some((writer, incarnation, ticket, _, index)) = source else {
+            return Ok(());
+        };
+        let kept = self.unread.get(&(group.clone(), p)).and_then(|held| {
+            held.iter()
+                .find(|u| {
+                    u.instance == writer
+                        && u.incarnation == incarnation
+                        && u.ticket == ticket
+                        && u.index == index
+                })
+                .map(|u| u.lane.stamp)
+        });
+        let stamp = kept.or_else(|| {
+            self.emitted
+                .get(&(incarnation, ticket))
+                .and_then(|em| em.lanes.get(index))
+                .and_then(|l| l.as_ref())
+                .map(|l| l.stamp)
+        });
+        let durable_stamp = self
+            .groups
+            .get(group)
+            .and_then(|g| g.lanes.get(&p))
+            .map_or(0, |l| l.durable_stamp);
+        match stamp {
+            Some(s) if s >= durable_stamp => self.read_back(group, p, checkpoint, source),
+            _ => Ok(()),
+        }
+    }
+
     /// Checkpoint `index` of persist `key` (incarnation, ticket) of the selected instance,
     /// emitted and not yet durable as a whole, was read by a reader (a store that fences at
     /// read: its record landed before the rest of the batch): judged as
