@@ -178,15 +178,15 @@ impl Checker {
         result
     }
 
-    /// [`Checker::read_back`] for a reader acting on an assignment the coordinator had
-    /// already overtaken (a zombie, [`Checker::assigned_stale`]): what it read is judged and
-    /// applied like any read when nothing durable outranks it (the store holds it, and the
-    /// next reader takes it unless a later owner writes first), and left alone when a later
-    /// owner's durable checkpoint outranks it (the zombie's writes rank below that owner's:
-    /// seeds 84 and 130). Without it, a zombie that resumed from another owner's record the
-    /// checker had not applied yet wrote checkpoints judged as if it resumed from the older
-    /// durable state (group seed 1093: an offset done in the record it read, ACKed by its
-    /// writer, counted as never ACKed).
+    /// What a reader acting on an assignment the coordinator had already overtaken (a
+    /// zombie, [`Checker::assigned_stale`]) resumed from: not a read of the lane's durable
+    /// state (the zombie's writes rank below the live owner's, whose later write outranks
+    /// the record it took: seeds 84 and 130), but the base of the zombie's own checkpoints —
+    /// an offset done in the record it read, ACKed in that record's writer's generation,
+    /// may be done in them when a reader later takes one. Without it, such a checkpoint was
+    /// judged as if the zombie resumed from older state (group seed 1093: an offset ACKed by
+    /// the record's writer counted as never ACKed). Called before
+    /// [`Checker::assigned_stale`]; a record the harness cannot name gives no base.
     pub fn read_back_stale(
         &mut self,
         group: &GroupName,
@@ -194,6 +194,14 @@ impl Checker {
         checkpoint: &Checkpoint,
         source: Option<(super::Instance, u32, Ticket, &PersistBatch, usize)>,
     ) -> Check {
+        // The record was read from the store: the attempts it counts are durable (C5), as
+        // the zombie's own redeliveries and dead letters may rely on them.
+        if let Some(lane) = self.lane_mut(group, p) {
+            for &(o, n) in &checkpoint.attempts {
+                let r = lane.rec(o);
+                r.ledger_max = r.ledger_max.max(n);
+            }
+        }
         let Some((writer, incarnation, ticket, _, index)) = source else {
             return Ok(());
         };
@@ -205,24 +213,32 @@ impl Checker {
                         && u.ticket == ticket
                         && u.index == index
                 })
-                .map(|u| u.lane.stamp)
+                .map(|u| u.lane.gen)
         });
-        let stamp = kept.or_else(|| {
+        let writer_gen = kept.or_else(|| {
             self.emitted
                 .get(&(incarnation, ticket))
                 .and_then(|em| em.lanes.get(index))
                 .and_then(|l| l.as_ref())
-                .map(|l| l.stamp)
+                .map(|l| l.gen)
         });
-        let durable_stamp = self
-            .groups
-            .get(group)
-            .and_then(|g| g.lanes.get(&p))
-            .map_or(0, |l| l.durable_stamp);
-        match stamp {
-            Some(s) if s >= durable_stamp => self.read_back(group, p, checkpoint, source),
-            _ => Ok(()),
+        let reader = self.current;
+        let Some(lane) = self.lane_mut(group, p) else {
+            return Ok(());
+        };
+        // An applied record (no writer's generation found) gives no base: its done offsets
+        // are judged already.
+        let base = writer_gen.map(|g| (checkpoint.progress.clone(), g));
+        let gen = lane.owner(reader).gen;
+        match base {
+            Some(b) => {
+                lane.zombie_bases.insert(gen, b);
+            }
+            None => {
+                lane.zombie_bases.remove(&gen);
+            }
         }
+        Ok(())
     }
 
     /// Checkpoint `index` of persist `key` (incarnation, ticket) of the selected instance,
@@ -679,8 +695,14 @@ impl LaneState {
                 if o < start {
                     continue;
                 }
+                let base = self
+                    .zombie_bases
+                    .get(&gen)
+                    .and_then(|(done, writer_gen)| done.is_done(o).then_some(bit(*writer_gen)));
                 let r = self.rec(o);
-                let acked = r.acked_mask & b != 0 || r.op_mask & b != 0;
+                let acked = r.acked_mask & b != 0
+                    || r.op_mask & b != 0
+                    || base.is_some_and(|wb| r.acked_mask & wb != 0 || r.op_mask & wb != 0);
                 if !acked && !self.is_skipped(o) && !justified(o) {
                     return Some(Unjustified::NeverAcked(o));
                 }

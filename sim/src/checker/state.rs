@@ -247,6 +247,10 @@ pub(super) struct LaneState {
     pub(super) rewinds: u32,
     pub(super) commit_rewinds: u32,
     pub(super) owners: BTreeMap<Instance, Owner>,
+    /// What a zombie resumed from, by the generation it writes in: the record's progress
+    /// and its writer's generation. An offset done there and ACKed in the writer's
+    /// generation may be done in the zombie's checkpoints ([`super::Checker::read_back_stale`]).
+    pub(super) zombie_bases: BTreeMap<u32, (unimesh_core::Progress, u32)>,
 }
 
 impl LaneState {
