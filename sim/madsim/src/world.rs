@@ -1005,11 +1005,10 @@ impl Inner {
                     }
                     let stale = taken.stale.get(i).copied().unwrap_or(false);
                     // What a member the coordinator still counts as the lane's owner read is
-                    // judged as a read of the lane's durable state. A zombie's read is judged
-                    // only when nothing durable outranks it (then it is the lane's newest
-                    // record); a record the live owner's outranks, taken when a zombie reads
-                    // below the owner's generation, is left alone: the zombie's writes rank
-                    // below the live owner's, and a reader that takes one is judged then.
+                    // judged as a read of the lane's durable state. What a zombie read is
+                    // not (its writes rank below the live owner's, and a reader that takes
+                    // one is judged then): it is the base its own checkpoints are judged from
+                    // (`Checker::read_back_stale`).
                     if let Some(c) = a.checkpoint.as_ref().filter(|_| self.fences_at_broker) {
                         let source = taken.sources.get(i).cloned().flatten();
                         let r = self.read_back(node, group, a.partition, c, source, stale);
