@@ -152,16 +152,9 @@ impl Checker {
         let Some((writer, incarnation, ticket, batch, index)) = source else {
             return Ok(());
         };
-        let unread = self.unread.get(&(group.clone(), p)).and_then(|held| {
-            held.iter()
-                .find(|u| {
-                    u.instance == writer
-                        && u.incarnation == incarnation
-                        && u.ticket == ticket
-                        && u.index == index
-                })
-                .cloned()
-        });
+        let unread = self
+            .unread_of(group, p, (writer, incarnation, ticket, index))
+            .cloned();
         let result = match unread {
             Some(u) => self
                 .adoptable(&u.checkpoint, &u.lane, u.instance)
@@ -205,16 +198,9 @@ impl Checker {
         let Some((writer, incarnation, ticket, _, index)) = source else {
             return Ok(());
         };
-        let kept = self.unread.get(&(group.clone(), p)).and_then(|held| {
-            held.iter()
-                .find(|u| {
-                    u.instance == writer
-                        && u.incarnation == incarnation
-                        && u.ticket == ticket
-                        && u.index == index
-                })
-                .map(|u| u.lane.gen)
-        });
+        let kept = self
+            .unread_of(group, p, (writer, incarnation, ticket, index))
+            .map(|u| u.lane.gen);
         let writer_gen = kept.or_else(|| {
             self.emitted
                 .get(&(incarnation, ticket))
@@ -239,6 +225,22 @@ impl Checker {
             }
         }
         Ok(())
+    }
+
+    /// The checkpoint kept unread for `group/p` that `(writer, incarnation, ticket, index)`
+    /// names, if the checker holds it ([`Checker::keep_unread`]).
+    fn unread_of(
+        &self,
+        group: &GroupName,
+        p: Partition,
+        (writer, incarnation, ticket, index): (super::Instance, u32, Ticket, usize),
+    ) -> Option<&super::state::Unread> {
+        self.unread.get(&(group.clone(), p))?.iter().find(|u| {
+            u.instance == writer
+                && u.incarnation == incarnation
+                && u.ticket == ticket
+                && u.index == index
+        })
     }
 
     /// Checkpoint `index` of persist `key` (incarnation, ticket) of the selected instance,
