@@ -8,12 +8,12 @@
         # writes a progress record (unimesh's checkpoint encoding, no ranges) for the lane,
         # as if a group had reached WATERMARK: to test a resume offset the log does not have.
         # The record is keyed as the lane's last owner's (its ownership generation, the
-        # highest one in the topic: shell/src/kafka/progress.rs); with `stale`, as an owner
+        # highest one in the topic: shell/src/storage/kafka/io/progress/); with `stale`, as an owner
         # replaced before it (one generation lower): a zombie's late write, which the
         # lane's next owner must ignore. Without stamped records, the lane's one key.
         # Written to partition 0, where unimesh writes every progress record. With
         # `epoch=E`, stamped as written by a lane whose position was in leader epoch E
-        # (the header unimesh-leader-epoch: shell/src/kafka/epochs.rs).
+        # (the header unimesh-leader-epoch: shell/src/storage/kafka/rules/epochs.rs).
 
 `produce` writes, in this order: a binary-mode CloudEvent (ce_* headers, key = its
 partitionkey), a structured-mode CloudEvent (content-type application/cloudevents+json)
@@ -175,7 +175,7 @@ def progress(brokers, group, topic, partition, watermark, stale=False, epoch=Non
         # record wins — a zombie's write is just that.
         key = lane
     producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
-    # Where unimesh writes every progress record (shell/src/kafka/progress.rs,
+    # Where unimesh writes every progress record (shell/src/storage/kafka/io/progress/,
     # HOME_PARTITION), not where this client's partitioner would put the key: a key in two
     # partitions has no newest record.
     headers = [] if epoch is None else [("unimesh-leader-epoch", str(epoch).encode())]

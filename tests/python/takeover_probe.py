@@ -4,7 +4,7 @@ survivor's assign callback slow (as unimesh's, which reads progress), STRATEGY p
 assignor, SESSION_MS the session timeout, LEADER_DIES=S starts the killed one S seconds first (the leader), DEBUG=cgrp librdkafka's group logs (issue 18).
 NUDGE=S: from S seconds after the kill, a third client in the group, never subscribed,
 commits offset 0 of a topic that does not exist once a second (what unimesh's
-shell/src/kafka/nudge.rs does for a stuck rebalance; tansu 0.6.0 with LEADER_DIES=4: no
+shell/src/storage/kafka/io/nudge.rs does for a stuck rebalance; tansu 0.6.0 with LEADER_DIES=4: no
 takeover in 3 of 3 runs without, takeover 12.1 s after the kill in 3 of 3 with NUDGE=8).
 
     TOPIC=t1 python3 tests/python/takeover_probe.py 127.0.0.1:PORT

@@ -228,7 +228,7 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
 }
 
 /// Goal: a late progress write of a replaced owner (a zombie) never replaces the progress
-/// of the lane's later owner (docs/DESIGN.md §8; shell/src/storage/kafka/progress.rs). Method: a
+/// of the lane's later owner (docs/DESIGN.md §8; shell/src/storage/kafka/io/progress/). Method: a
 /// group ACKs records 0..3 of 10 and stops gracefully (its progress record says 3, under
 /// its ownership generation); then a record one generation older, as a zombie would write
 /// it, says the group reached 20, beyond the end. After the restart the group resumes at
