@@ -613,16 +613,7 @@ impl GroupContext {
         }
         // Commits the engine issued before it answered.
         self.take_control(&mut revocation);
-        let lost = revocation.lost();
-        let handover = revocation.finish();
-        // From here a checkpoint of these partitions is not this instance's to write.
-        self.log
-            .inner
-            .progress
-            .release(&self.group, &handover.release);
-        if lost {
-            tracing::warn!(group = %self.group, ?partitions, "assignment lost (session timeout): another instance may already own it, not committing");
-        }
+        let handover = self.log.inner.progress.hand_over(&self.group, revocation);
         commit_now(
             consumer,
             &self.topic,

@@ -527,16 +527,7 @@ impl Shared {
         let Some(revocation) = revocation else {
             return;
         };
-        let was_lost = revocation.lost();
-        let handover = revocation.finish();
-        // From here a checkpoint of these partitions is not this instance's to write.
-        self.log
-            .inner
-            .progress
-            .release(&self.group, &handover.release);
-        if was_lost {
-            tracing::warn!(group = %self.group, ?partitions, "assignment lost (session timeout): another instance may already own it, not committing");
-        }
+        let handover = self.log.inner.progress.hand_over(&self.group, revocation);
         if let Some(member) = member {
             self.commit(member, generation, &handover.commit);
         }

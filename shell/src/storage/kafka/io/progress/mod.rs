@@ -105,6 +105,7 @@ use super::records::{stored_value, Outgoing};
 use crate::storage::kafka::rules::epochs::{parse_epoch, LEADER_EPOCH_HEADER};
 use crate::storage::kafka::rules::fence::{choose, mark, Record};
 pub(super) use crate::storage::kafka::rules::fence::{Chosen, OwnerGen};
+use crate::storage::kafka::rules::revoke::{Handover, Revocation};
 use crate::storage::kafka::KafkaSettings;
 use crate::storage::ports::{BoxFut, StatePort, StorageError};
 use crate::storage::state::codec::encode_subscription;
@@ -489,12 +490,22 @@ impl ProgressReader {
         mark(&mut o.reached, lane.checkpoint.progress.watermark())
     }
 
-    /// This instance no longer owns these partitions: a checkpoint of them fails.
-    pub fn release(&self, group: &GroupName, partitions: &[Partition]) {
-        let mut owners = lock(&self.owners);
-        for &p in partitions {
-            owners.remove(&(group.clone(), p));
+    /// Ends a revocation the engine answered (or did not answer in time): from here a
+    /// checkpoint of its partitions is not this instance's to write. What the consumer
+    /// commits and drops is the [`Handover`] returned; a lost assignment commits nothing.
+    pub fn hand_over(&self, group: &GroupName, revocation: Revocation) -> Handover {
+        let lost = revocation.lost();
+        let handover = revocation.finish();
+        {
+            let mut owners = lock(&self.owners);
+            for &p in &handover.release {
+                owners.remove(&(group.clone(), p));
+            }
         }
+        if lost {
+            tracing::warn!(group = %group, partitions = ?handover.release, "assignment lost (session timeout): another instance may already own it, not committing");
+        }
+        handover
     }
 
     /// The stamp of each checkpoint of `batch`, or why the batch is fenced (a lane this
