@@ -41,7 +41,7 @@ use std::time::Duration;
 #[cfg(not(madsim))]
 pub use io::watch_subscriptions;
 pub use io::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
-pub use io::{decode_message, unframed, KafkaLog, KafkaState};
+pub use io::{decode_message, dlq_topic, unframed, KafkaLog, KafkaState};
 #[cfg(madsim)]
 pub use io::{MemberId, SimCoordinator};
 pub use rules::Rebalance;

@@ -53,7 +53,9 @@ use unimesh_shell::engine::{
     BoxFut, EngineConfig, GroupEvent, GroupLog, LogMetrics, LogPort, LogRead, StatePort,
     StorageError, TopicFacts,
 };
-use unimesh_shell::kafka::{decode_message, unframed, KafkaLog, KafkaSettings, KafkaState};
+use unimesh_shell::kafka::{
+    decode_message, dlq_topic, unframed, KafkaLog, KafkaSettings, KafkaState,
+};
 use unimesh_shell::storage;
 
 use super::coordinator::{Coordinator, Timing};
@@ -308,6 +310,7 @@ struct Tap {
     brokers: String,
     topic: TopicName,
     progress_topic: String,
+    subscriptions_topic: String,
     /// The progress topic's reader (created with the first batch, once the topic exists).
     progress: tokio::sync::Mutex<Option<BaseConsumer>>,
     partitions: u32,
@@ -324,6 +327,7 @@ impl Tap {
             brokers: settings.brokers.clone(),
             topic: crate::run::topic(),
             progress_topic: settings.progress_topic.clone(),
+            subscriptions_topic: settings.subscriptions_topic.clone(),
             progress: tokio::sync::Mutex::new(None),
             partitions,
             max_event_bytes: settings.max_event_bytes,
@@ -344,8 +348,9 @@ impl Tap {
         c
     }
 
-    /// Creates the data topic (once: the simulated broker's "create" wipes a topic that
-    /// exists), then reports every record of it until the run ends.
+    /// Creates the data topic and the mesh's own topics (once: the simulated broker's
+    /// "create" wipes a topic that exists), then reports every record of the data topic
+    /// until the run ends.
     async fn run(self: Arc<Self>, world: Arc<World>) {
         let admin: AdminClient<DefaultClientContext> = loop {
             match self.config().create().await {
@@ -353,14 +358,30 @@ impl Tap {
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         };
-        let topic = NewTopic::new(
+        // The mesh's own topics too (one partition each, as the mesh makes its compacted
+        // topics here), before any node looks: a node that asked for a topic's metadata
+        // before it existed, and was paused until another node had written to it, creates
+        // it — which on a real broker answers "already exists", and on the simulated one
+        // wipes the topic (group seed 1495 lost four progress records that way).
+        let dlqs: Vec<String> = world
+            .opts
+            .groups
+            .iter()
+            .map(|g| dlq_topic(self.topic.as_str(), &g.name))
+            .collect();
+        let own = [&self.progress_topic, &self.subscriptions_topic]
+            .into_iter()
+            .chain(&dlqs);
+        let topics: Vec<NewTopic<'_>> = std::iter::once(NewTopic::new(
             self.topic.as_str(),
             self.partitions as i32,
             TopicReplication::Fixed(1),
-        );
+        ))
+        .chain(own.map(|name| NewTopic::new(name, 1, TopicReplication::Fixed(1))))
+        .collect();
         // The broker may not listen yet: try again until it answers.
         while admin
-            .create_topics([&topic], &AdminOptions::new())
+            .create_topics(&topics, &AdminOptions::new())
             .await
             .is_err()
         {

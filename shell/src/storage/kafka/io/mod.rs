@@ -26,6 +26,7 @@ mod subscriptions;
 #[cfg(not(madsim))]
 mod times;
 
+pub use dlq::dlq_topic;
 pub use log::KafkaLog;
 pub use progress::KafkaState;
 pub use properties::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};

@@ -48,8 +48,9 @@ pub(super) use real::ledger;
 #[cfg(madsim)]
 pub(super) use sim::ledger;
 
-/// The DLQ topic of a group reading `topic`.
-pub(super) fn dlq_topic(topic: &str, group: &str) -> String {
+/// The DLQ topic of a group reading `topic` (public so a simulation can make it before the
+/// mesh does).
+pub fn dlq_topic(topic: &str, group: &str) -> String {
     format!("{topic}.dlq.{group}")
 }
 
