@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use madsim_rdkafka::Message;
 use unimesh_core::{GroupName, SubscriptionSpec};
 
-use super::whole::Reader;
+use super::whole::{Reader, Unclaimed};
 use crate::storage::state::codec::decode_subscription;
 
 #[cfg(not(madsim))]
@@ -42,6 +42,7 @@ const READER: Reader<'static> = Reader {
     role: "subscriptions reader",
     group_id: "subscriptions-reader",
     what: "subscriptions topic",
+    unclaimed: Unclaimed::ReadsToItsEnd,
 };
 
 /// The newest record of each key, as read: a group's encoded definition, `None` for a

@@ -21,9 +21,22 @@ pub(super) use real::read;
 pub(super) use sim::read;
 
 /// Who reads: the consumer's role in the logs (`DLQ reader`), its `group.id` suffix (it
-/// joins no group; the id names it to the broker) and what the topic is, for errors.
+/// joins no group; the id names it to the broker), what the topic is, for errors, and what
+/// the read does without the broker's claimed end.
 pub(super) struct Reader<'a> {
     pub role: &'static str,
     pub group_id: &'static str,
     pub what: &'a str,
+    pub unclaimed: Unclaimed,
+}
+
+/// What a read does when the broker does not answer a partition's end offset (Kafka's
+/// ListOffsets, which a broker refuses for a moment while a partition's leader moves).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unclaimed {
+    /// The read fails (its caller answers an error and may be asked again).
+    Fails,
+    /// The read goes on to where its own fetches reach the end, warning: a start must not
+    /// stop on a query that a takeover after it asks again (`tests/kafka_barrier.rs`).
+    ReadsToItsEnd,
 }

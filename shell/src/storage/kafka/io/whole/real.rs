@@ -8,7 +8,7 @@ use madsim_rdkafka::error::KafkaError;
 use madsim_rdkafka::message::BorrowedMessage;
 use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 
-use super::Reader;
+use super::{Reader, Unclaimed};
 use crate::storage::kafka::io::client_log::{ClientLog, LoggedConsumer};
 use crate::storage::kafka::io::log::KafkaLog;
 use crate::storage::kafka::io::ClientRole;
@@ -47,10 +47,16 @@ pub fn read(
     let mut tpl = TopicPartitionList::new();
     let mut highs = BTreeMap::new();
     for p in 0..n {
-        let _ = tpl.add_partition_offset(name, p, KOffset::Beginning);
-        let (_, hi) = runtime
-            .block_on(consumer.fetch_watermarks(name, p, s.request_timeout))
-            .map_err(|e| format!("{what} offsets: {e}"))?;
+        // An offset, not `Beginning`: a logical offset is resolved by an offsets query.
+        let _ = tpl.add_partition_offset(name, p, KOffset::Offset(0));
+        let hi = match runtime.block_on(consumer.fetch_watermarks(name, p, s.request_timeout)) {
+            Ok((_, hi)) => hi,
+            Err(e) if who.unclaimed == Unclaimed::ReadsToItsEnd => {
+                tracing::warn!(topic = %name, partition = p, error = %e, "the broker did not say where the {what} ends; reading until this reader's own fetches reach its end");
+                0
+            }
+            Err(e) => return Err(format!("{what} offsets: {e}")),
+        };
         highs.insert(p, hi);
     }
     consumer

@@ -22,8 +22,9 @@ pub async fn read(
 ) -> Result<(), String> {
     let s = log.settings();
     let what = who.what;
-    // The simulated broker takes no `group.id`: the reader's goes unused here.
-    let _ = who.group_id;
+    // The simulated broker takes no `group.id`, and always answers an end offset: the
+    // reader's id and what it does without a claimed end go unused here.
+    let _ = (who.group_id, who.unclaimed);
     let mut c = s.client_config(ClientRole::Consumer);
     c.set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
