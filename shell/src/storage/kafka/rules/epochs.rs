@@ -25,7 +25,8 @@
 //! batches) is no evidence of divergence, and a checkpoint without a stamp is checked
 //! only against the log's end.
 
-// Under madsim only the header is used (its broker has no leader epochs; `assigned.rs`).
+// Under madsim only the header is used (its broker has no leader epochs; `io/probe.rs`,
+// which reads them, is not built there).
 #![cfg_attr(madsim, allow(dead_code))]
 
 use unimesh_core::Offset;
