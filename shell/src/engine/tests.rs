@@ -15,7 +15,6 @@ use crate::storage::state::{MemoryDisk, MemoryStore};
 
 mod dedup;
 mod revoke;
-mod shared;
 mod topics;
 
 fn g(s: &str) -> GroupName {

@@ -212,11 +212,7 @@ impl Backend {
                     return Ok(None);
                 }
                 log.spawn_offsets_refresh(start.offsets_refresh);
-                // Recovery takes the definitions from the topic, never from a local copy.
-                let definitions = kafka::definitions(&log)
-                    .await
-                    .map_err(|e| format!("cannot read the subscriptions topic: {e}"))?;
-                let state = KafkaState::new(local, log.clone(), definitions);
+                let state = KafkaState::new(local, log.clone());
                 Ok(Some(Opened::Kafka { log, state }))
             }
         }
