@@ -386,7 +386,7 @@ pub struct Kafka {
     /// takeover, never loss; counted in `/metrics`).
     pub max_progress_ranges: usize,
     /// How long a broker request (metadata, topic creation, commit, delivery report) may
-    /// take before it fails.
+    /// take before it fails; at most 300000 (librdkafka's `socket.timeout.ms`, set from it).
     pub request_timeout_ms: NonZeroU64,
     /// Static group membership (KIP-345): every consumer of this instance joins its group
     /// with `group.instance.id` = `<kafka.instance>-<group>`, so a restart within the
@@ -978,6 +978,9 @@ impl Storage {
     }
 }
 
+/// The most `kafka.request_timeout_ms` may be: librdkafka's bound on `socket.timeout.ms`.
+pub const MAX_KAFKA_REQUEST_TIMEOUT_MS: u64 = 300_000;
+
 impl Kafka {
     /// `[kafka]`, checked when `storage.backend = "kafka"`.
     pub fn validate(&self) -> Result<(), Invalid> {
@@ -997,6 +1000,18 @@ impl Kafka {
             return refuse(
                 "kafka.subscriptions_topic",
                 "must differ from kafka.progress_topic",
+            );
+        }
+        // It is librdkafka's `socket.timeout.ms` too, which takes at most 5 minutes (an
+        // instance started with more failed at its first client, naming that property).
+        if k.request_timeout_ms.get() > MAX_KAFKA_REQUEST_TIMEOUT_MS {
+            return refuse(
+                "kafka.request_timeout_ms",
+                format!(
+                    "is {}: must be between 1 and {MAX_KAFKA_REQUEST_TIMEOUT_MS} (librdkafka's \
+                     socket.timeout.ms, which it sets, takes no more)",
+                    k.request_timeout_ms
+                ),
             );
         }
         crate::storage::kafka::check_properties(
@@ -1283,6 +1298,26 @@ mod tests {
             err.contains("state.backend") && err.contains("postgres"),
             "{err}"
         );
+        // Beyond what librdkafka takes for the socket timeout it sets from it.
+        let err = refused(
+            &Overrides::default(),
+            &[
+                ("UNIMESH_STORAGE_BACKEND", "kafka"),
+                ("UNIMESH_KAFKA_REQUEST_TIMEOUT_MS", "300001"),
+            ],
+        );
+        assert!(
+            err.starts_with("kafka.request_timeout_ms (environment variable UNIMESH_KAFKA_REQUEST_TIMEOUT_MS): is 300001: must be between 1 and 300000"),
+            "{err}"
+        );
+        let ok = load(
+            &Overrides::default(),
+            env(&[
+                ("UNIMESH_STORAGE_BACKEND", "kafka"),
+                ("UNIMESH_KAFKA_REQUEST_TIMEOUT_MS", "300000"),
+            ]),
+        );
+        assert!(ok.is_ok(), "the bound itself is taken");
         let f = file("[mesh]\nmax_attempts = 99999999999\n");
         let err = load(&with_file(&f), env(&[])).unwrap_err().to_string();
         assert!(err.contains("mesh.max_attempts"), "{err}");
