@@ -3,7 +3,8 @@
 //! ([`Proxy::cut`]: every connection closed, new ones closed at once, until
 //! [`Proxy::heal`]), delay every chunk ([`Proxy::delay`]), drop one direction
 //! ([`Proxy::drop_direction`]: the bytes are read and thrown away, the connection stays
-//! open — a black hole), reset every open connection once ([`Proxy::reset`]) or point it
+//! open — a black hole), close the connections of one Kafka client
+//! ([`Proxy::refuse_client`], told by the client id of its requests), reset every open connection once ([`Proxy::reset`]) or point it
 //! at another upstream ([`Proxy::set_upstream`], a broker restarted elsewhere).
 //!
 //! Kafka clients connect to the addresses the broker advertises in its metadata, not to
@@ -37,6 +38,8 @@ struct Faults {
     delay: Duration,
     drop_to_upstream: bool,
     drop_to_client: bool,
+    /// Connections whose Kafka requests carry a client id starting with this are closed.
+    refused_client: Option<String>,
 }
 
 struct State {
@@ -122,6 +125,14 @@ impl Proxy {
             Direction::ToUpstream => f.drop_to_upstream = true,
             Direction::ToClient => f.drop_to_client = true,
         }
+    }
+
+    /// Closes every connection of the Kafka clients whose client id starts with `prefix`
+    /// (told by the header of each request they send), open or new, until
+    /// [`Proxy::heal`]: to such a client the broker is unreachable, to every other one it
+    /// answers as before.
+    pub fn refuse_client(&self, prefix: &str) {
+        lock(&self.state.faults).refused_client = Some(prefix.to_owned());
     }
 
     /// Closes every open connection once; new ones are forwarded as before.
@@ -231,20 +242,29 @@ fn accept_loop(listener: &TcpListener, st: &Arc<State>) {
 /// Copies `from` to `to` until either side closes, applying the faults of the moment.
 fn pump(mut from: TcpStream, mut to: TcpStream, dir: Direction, st: &State) {
     let mut buf = vec![0u8; 64 * 1024];
+    // The Kafka client id of the connection's requests, from its first chunk.
+    let mut client: Option<String> = None;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let (cut, delay, dropped) = {
+        if dir == Direction::ToUpstream && client.is_none() {
+            client = kafka_client_id(buf.get(..n).unwrap_or(&[]));
+        }
+        let (cut, delay, dropped, refused) = {
             let f = lock(&st.faults);
             let dropped = match dir {
                 Direction::ToUpstream => f.drop_to_upstream,
                 Direction::ToClient => f.drop_to_client,
             };
-            (f.cut, f.delay, dropped)
+            let refused = match (&f.refused_client, &client) {
+                (Some(prefix), Some(id)) => id.starts_with(prefix.as_str()),
+                _ => false,
+            };
+            (f.cut, f.delay, dropped, refused)
         };
-        if cut {
+        if cut || refused {
             break;
         }
         if dropped {
@@ -260,6 +280,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, dir: Direction, st: &State) {
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+/// The client id of the Kafka request `chunk` starts with: after the size (4 bytes), API
+/// key and version (2 each) and correlation id (4), a 16-bit length and the id's bytes
+/// (request headers v1 and v2 alike). `None` when the chunk is too short or has no id.
+fn kafka_client_id(chunk: &[u8]) -> Option<String> {
+    let len = i16::from_be_bytes(chunk.get(12..14)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?;
+    let id = chunk.get(14..14 + len)?;
+    String::from_utf8(id.to_vec()).ok()
 }
 
 #[cfg(test)]
@@ -307,6 +337,51 @@ mod tests {
             Ok(0) | Err(_) => None,
             Ok(_) => Some(got.trim().to_owned()),
         }
+    }
+
+    /// A Kafka request header (v1) whose client id is `client`, with a newline for the
+    /// echo server.
+    fn request(client: &str) -> Vec<u8> {
+        let mut r = vec![0, 0, 0, 20, 0, 18, 0, 3, 0, 0, 0, 7];
+        r.extend_from_slice(&(client.len() as i16).to_be_bytes());
+        r.extend_from_slice(client.as_bytes());
+        r.push(b'\n');
+        r
+    }
+
+    /// A request sent as `client` on `s`, and whether its echo came back.
+    fn answered(s: &mut TcpStream, r: &mut std::io::BufReader<TcpStream>, client: &str) -> bool {
+        if s.write_all(&request(client)).is_err() {
+            return false;
+        }
+        let mut got = Vec::new();
+        matches!(r.read_until(b'\n', &mut got), Ok(n) if n > 0)
+    }
+
+    #[test]
+    fn refuses_the_connections_of_one_kafka_client_only() {
+        assert_eq!(
+            kafka_client_id(&request("a-epoch-probe")).as_deref(),
+            Some("a-epoch-probe")
+        );
+        assert_eq!(kafka_client_id(&[0, 0, 0, 20]), None, "too short");
+        let p = Proxy::start(echo(""));
+        let (mut open, mut open_r) = connect(&p);
+        assert!(answered(&mut open, &mut open_r, "a-epoch-probe"));
+        p.refuse_client("a-epoch");
+        assert!(
+            !answered(&mut open, &mut open_r, "a-epoch-probe"),
+            "an open connection of the client is closed at its next request"
+        );
+        let (mut s, mut r) = connect(&p);
+        assert!(!answered(&mut s, &mut r, "a-epoch-probe"), "and a new one");
+        for other in ["a-workers", "b-epoch-probe"] {
+            let (mut s, mut r) = connect(&p);
+            assert!(answered(&mut s, &mut r, other), "{other} is answered");
+        }
+        p.heal();
+        let (mut s, mut r) = connect(&p);
+        assert!(answered(&mut s, &mut r, "a-epoch-probe"), "healed");
     }
 
     #[test]

@@ -202,3 +202,66 @@ fn graceful_stop_hands_partitions_over_and_a_restart_spreads_them() {
         dups.iter().map(|(_, n)| n - 1).sum::<u32>()
     );
 }
+
+/// Goal: a read of the log that hangs holds up neither an assignment nor a revocation, so
+/// an instance whose reads wait on the broker still hands a restarted peer its share.
+/// Before, those reads (the leader-epoch probe: where a resumed stream must start, the
+/// check of a lane against the log) ran on the group's consumer thread, the thread that
+/// serves the rebalance callbacks: on tansu, on a loaded machine, a revocation waited
+/// 37 s behind them and the group gave the partitions back (docs/DESIGN.md §8).
+/// Method: `a` serves the group alone and ACKs part of a load (so each lane resumes
+/// above the log's earliest and its first fetch reads where its stream starts); the proxy
+/// then refuses `a`'s probe client, `a` restarts with a 5-minute request timeout (a read
+/// through the probe waits that long for the broker); `a` must take every partition, and
+/// `b`, started next, its share; then the probe is let through and every event is ACKed
+/// (C1), none ACKed before the restart delivered again (C2).
+#[test]
+fn a_read_of_the_log_that_hangs_holds_up_no_rebalance() {
+    let broker = Broker::start_behind_proxy();
+    let probe_hangs =
+        |name: &str| options(&broker, name).env("UNIMESH_KAFKA_REQUEST_TIMEOUT_MS", "300000");
+    let mut a = Server::start(probe_hangs("a"));
+    a.subscribe(SC.group, &SC.spec());
+    let mut book = Book::new(SC);
+    book.load(
+        (&a, "a"),
+        (&a, "a"),
+        "h",
+        EVENTS_PER_PHASE / 2,
+        EVENTS_PER_PHASE / 4,
+    );
+    book.barrier(&a, "a");
+    let acked_before = book.acked();
+    let status = a.terminate();
+    assert!(status.success(), "stopped with {status}\n{}", a.stderr());
+
+    broker.proxy().refuse_client("a-epoch-probe");
+    a.restart();
+    unimesh_tests::wait_for("a to take every partition", SPLIT_TIMEOUT, || {
+        (SC.owned(&a).len() == SC.partitions as usize).then_some(())
+    });
+    let b = Server::start(options(&broker, "b"));
+    let sets = SC.wait_split(&[&a, &b], SPLIT_TIMEOUT);
+    eprintln!(
+        "with a's probe refused: a serves {:?}, b serves {:?}",
+        sets[0], sets[1]
+    );
+
+    broker.proxy().heal();
+    book.drain(
+        &[(&a, "a"), (&b, "b")],
+        "h",
+        EVENTS_PER_PHASE,
+        &BTreeSet::new(),
+        Instant::now(),
+        DRAIN_TIMEOUT,
+        &|| format!("a: {}\nb: {}", a.stderr(), b.stderr()),
+    );
+    assert!(book.all_acked("h"), "C1: every event ACKed");
+    for (id, n) in book.duplicates("h") {
+        assert!(
+            book.was_revoked(&id),
+            "{id} delivered {n} times ({acked_before} ACKs made durable before the restart)"
+        );
+    }
+}

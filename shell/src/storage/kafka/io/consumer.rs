@@ -32,14 +32,14 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Checkpoint, GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
+use super::checker::{Checked, Checker, Done, Job};
 use super::client_log::{self, ClientLog, LoggedConsumer};
 use super::log::{lock, KafkaLog};
 use super::nudge::{self, StuckWatch, Verdict};
-use super::probe::{leader_epoch, EpochProbe};
+use super::probe::leader_epoch;
 use super::progress::{Chosen, HOME_PARTITION, SYNC_KEY_PREFIX};
 use super::records::decode_message;
 use super::ClientRole;
-use crate::storage::kafka::rules::epochs::{divergence, evident_end};
 use crate::storage::kafka::rules::part::{self, Span, Validate};
 use crate::storage::kafka::rules::revoke::{Ask, Revocation};
 use crate::storage::kafka::rules::{assign, Rebalance};
@@ -91,6 +91,11 @@ impl GroupConsumer {
         events: mpsc::Sender<GroupEvent>,
     ) -> Result<Self, String> {
         let (control, rx) = std_mpsc::channel();
+        let (jobs, jobs_rx) = std_mpsc::channel();
+        let (done, done_rx) = std_mpsc::channel();
+        Checker::new(log.clone(), group.clone(), topic.clone())
+            .spawn(jobs_rx, done)
+            .map_err(|e| format!("cannot start the checker thread: {e}"))?;
         let s = log.settings();
         let mut config = s.client_config(ClientRole::Consumer);
         config
@@ -144,8 +149,9 @@ impl GroupConsumer {
             parts: Mutex::new(BTreeMap::new()),
             control: Mutex::new(rx),
             held: Mutex::new(Vec::new()),
-            probe: Mutex::new(None),
-            anomalies: Mutex::new(BTreeMap::new()),
+            checking: Mutex::new(Checking::default()),
+            jobs: Mutex::new(Some(jobs)),
+            done: Mutex::new(done_rx),
             stuck: Mutex::new(StuckWatch::new(nudge::stuck_after(session))),
             nudge_due: Mutex::new(None),
             nudger: Mutex::new(None),
@@ -242,6 +248,25 @@ impl part::Waiting for FetchRequest {
     }
 }
 
+/// Fetches waiting on the checker thread, by partition (at most one each: a later fetch
+/// takes the place of the one waiting, [`overtake`]).
+#[derive(Default)]
+struct Checking {
+    /// The number of the last job handed out.
+    next: u64,
+    waiting: BTreeMap<Partition, OnCheck>,
+}
+
+/// A fetch waiting on the checker's reads ([`submit`]).
+struct OnCheck {
+    number: u64,
+    req: FetchRequest,
+    /// What earlier round trips of this fetch found.
+    checked: Checked,
+    /// The fetch waited its time; only the range decides its answer ([`on_expired`]).
+    expired: bool,
+}
+
 /// The consumer's context: the rebalance callback, and the state it shares with the
 /// thread (both run on the consumer thread; the locks are never contended).
 pub(super) struct GroupContext {
@@ -254,11 +279,12 @@ pub(super) struct GroupContext {
     control: Mutex<std_mpsc::Receiver<Control>>,
     /// Fetches taken off the control channel during a revocation, handled after it.
     held: Mutex<Vec<FetchRequest>>,
-    /// Reads records' leader epochs, made when a lane first needs it.
-    probe: Mutex<Option<EpochProbe>>,
-    /// Per partition, the last end claim a read of the log refuted (present: the anomaly
-    /// was logged at warn once).
-    anomalies: Mutex<BTreeMap<Partition, Refuted>>,
+    /// Fetches waiting on the checker thread's reads of the log (`checker.rs`).
+    checking: Mutex<Checking>,
+    /// The checker thread's jobs (`None` once the consumer thread ended).
+    jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
+    /// The checker thread's answers.
+    done: Mutex<std_mpsc::Receiver<Done>>,
     /// Whether the group's rebalance is stuck on the broker (`nudge.rs`), from the
     /// statistics reports.
     stuck: Mutex<StuckWatch>,
@@ -419,18 +445,20 @@ impl GroupContext {
             log.inner
                 .progress
                 .own(&self.group, p, gen, lane.stamp, lane.stale, lane.reached);
-            // Read from far enough back that the stream holds every record from the lane's
-            // start on (records below it are dropped as they come: `base`).
-            let read_from = self.stream_start(p, lane.part.base, lane.assignment.earliest);
+            // From the lane's start; whether the broker answers a read from there with
+            // every record from it on is read by the first fetch, off this thread, before
+            // anything is answered (`Part::start_unchecked`).
             let _ = tpl.add_partition_offset(
                 self.topic.as_str(),
                 p as i32,
-                KOffset::Offset(read_from as i64),
+                KOffset::Offset(lane.part.base as i64),
             );
             parts.insert(p, lane.part);
             assignments.push(lane.assignment);
         }
         drop(parts);
+        // Reads done for an earlier assignment of these partitions are stale.
+        recheck(self, Some(partitions), false);
         self.claim(&claims, gen);
         let assigned = match consumer.rebalance_protocol() {
             RebalanceProtocol::Cooperative => consumer.incremental_assign(&tpl),
@@ -481,57 +509,6 @@ impl GroupContext {
             }
         }
         tracing::error!(group = %self.group, error = %last, "cannot claim the assigned partitions in the progress topic; a late write of their earlier owner may rank above what they resumed from");
-    }
-
-    /// Where to read `partition` from so that the stream holds every record at or after
-    /// `at` ([`crate::storage::kafka::rules::epochs::read_looking_back`]: a broker may answer a read from inside
-    /// a record batch with the next batch; tansu 0.6.0 does). `at` itself when it is the
-    /// log's earliest, or when the log cannot be read now (logged: the stream is then
-    /// read as the broker answers it).
-    fn stream_start(&self, partition: Partition, at: Offset, earliest: Offset) -> Offset {
-        if at <= earliest {
-            return at;
-        }
-        let mut probe = lock(&self.probe);
-        if probe.is_none() {
-            match self
-                .log
-                .inner
-                .side
-                .runtime
-                .block_on(EpochProbe::new(self.log.settings()))
-            {
-                Ok(p) => *probe = Some(p),
-                Err(e) => {
-                    tracing::warn!(group = %self.group, partition, error = %e, "cannot make the probe that checks where to read from");
-                    return at;
-                }
-            }
-        }
-        let Some(p) = probe.as_ref() else {
-            return at;
-        };
-        match p.read(self.topic.as_str(), partition, at, earliest, None) {
-            Ok(read) => {
-                if read.from < at && read.hit.is_some_and(|(o, _)| o > at) {
-                    tracing::debug!(group = %self.group, partition, at, from = read.from, "a gap after the read position confirmed by a read from further back");
-                }
-                if read.from + 1 < at {
-                    // More than the one record a whole-batch broker needs at a gap or
-                    // the log's end: the broker skipped records from `at`.
-                    self.log
-                        .counters()
-                        .gaps_refuted
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(group = %self.group, partition, at, from = read.from, "the broker answers a read from here with a later batch; reading from further back");
-                }
-                read.from
-            }
-            Err(e) => {
-                tracing::warn!(group = %self.group, partition, at, error = %e, "cannot check where to read from; reading from the position as the broker answers it");
-                at
-            }
-        }
     }
 
     /// The progress each of `partitions` resumes from ([`ProgressReader::latest`]), read
@@ -622,6 +599,7 @@ impl GroupContext {
             &self.group,
         );
         {
+            recheck(self, Some(&handover.drop), true);
             let mut parts = lock(&self.parts);
             for p in &handover.drop {
                 if let Some(mut part) = parts.remove(p) {
@@ -720,8 +698,9 @@ fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
             &ctx.group,
         );
         for req in fetches {
-            on_fetch(&consumer, &ctx, req);
+            on_fetch(&consumer, &ctx, req, None);
         }
+        on_checked(&consumer, &ctx);
         if stop {
             break;
         }
@@ -737,6 +716,8 @@ fn run(consumer: Arc<BaseConsumer<GroupContext>>) {
         }
     }
     lock(&ctx.nudger).take();
+    // The checker thread ends after its job in hand (its answer goes nowhere).
+    lock(&ctx.jobs).take();
     // Leaving the group revokes every partition (the callback flushes and commits).
     consumer.unsubscribe();
     let until = Instant::now() + REVOKE_WAIT;
@@ -802,12 +783,53 @@ fn nudge_or_settle(ctx: &GroupContext, verdict: Verdict) {
     }
 }
 
-fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: FetchRequest) {
-    let due = lock(&ctx.parts)
-        .get(&req.partition)
-        .and_then(|p| p.validate);
-    let (diverged, fresh) = match due.map(|v| validate(ctx, req.partition, v)) {
-        None => (None, None),
+/// A fetch from the engine (`checked` `None`), or one back from the checker thread with
+/// the reads it needed (`checker.rs`): a read of the log is never done on this thread,
+/// which serves the group's rebalance callbacks; a fetch that needs one waits for it
+/// while the thread polls on.
+fn on_fetch(
+    consumer: &BaseConsumer<GroupContext>,
+    ctx: &GroupContext,
+    req: FetchRequest,
+    checked: Option<Checked>,
+) {
+    let mut checked = match checked {
+        Some(c) => c,
+        None => match overtake(ctx, req) {
+            Some(req) => return on_fetch(consumer, ctx, req, Some(Checked::default())),
+            None => return,
+        },
+    };
+    let Some((due, check, known, base, unchecked)) =
+        lock(&ctx.parts).get(&req.partition).map(|p| {
+            (
+                p.validate,
+                p.check_range,
+                p.known_end,
+                p.base,
+                p.start_unchecked,
+            )
+        })
+    else {
+        return not_assigned(ctx, req);
+    };
+    let earliest = cached_earliest(ctx, req.partition);
+    // Every read this fetch may need, asked at once (one round trip in the usual case).
+    let start_for = |c: &Checked| c.start.map(|(f, _)| f) != Some(req.from) && req.from > earliest;
+    if due.is_some() && checked.validated.is_none() {
+        let job = Job {
+            partition: req.partition,
+            number: 0,
+            validate: due,
+            range: check.then_some(req.from.max(known)),
+            from: req.from,
+            start: (start_for(&checked) && (req.from < base || unchecked || check))
+                .then_some(earliest),
+        };
+        return submit(ctx, req, checked, job, false);
+    }
+    let fresh = match checked.validated.take() {
+        None => None,
         Some(Err(e)) => {
             // Never read on from what was not checked: the core fetches again later, and
             // the check then reads the log's offsets afresh (retention may have moved its
@@ -821,53 +843,41 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
             let _ = req.reply.send(LogRead::Failed(e));
             return;
         }
-        Some(Ok(checked)) => checked,
+        Some(Ok((Some((earliest, end)), _))) => return diverged(ctx, req, earliest, end),
+        Some(Ok((None, fresh))) => {
+            if let Some(p) = lock(&ctx.parts).get_mut(&req.partition) {
+                p.validate = None;
+            }
+            // Kept for a later round trip of this fetch (the check is done).
+            checked.validated = Some(Ok((None, fresh)));
+            fresh
+        }
     };
-    let (check, known) = lock(&ctx.parts)
-        .get(&req.partition)
-        .map_or((false, 0), |p| (p.check_range, p.known_end));
     // The offsets the check just read, when it read them, serve the range check too.
-    let range = match (check, fresh) {
-        (false, _) => None,
-        (true, Some(r)) => Some(r),
-        (true, None) => ctx
-            .log
-            .inner
-            .side
-            .runtime
-            .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
-            .ok()
-            .and_then(|r| claimed_range(ctx, req.partition, r, req.from.max(known))),
+    let range = match (check, fresh, checked.range) {
+        (false, _, _) => None,
+        (true, Some(r), _) => Some(r),
+        (true, None, Some(r)) => r,
+        (true, None, None) => {
+            let job = Job {
+                partition: req.partition,
+                number: 0,
+                validate: None,
+                range: Some(req.from.max(known)),
+                from: req.from,
+                start: start_for(&checked).then_some(earliest),
+            };
+            return submit(ctx, req, checked, job, false);
+        }
     };
     let mut parts = lock(&ctx.parts);
     let Some(part) = parts.get_mut(&req.partition) else {
-        let _ = req.reply.send(LogRead::Failed(format!(
-            "partition {} of {} is not assigned to this instance",
-            req.partition, ctx.topic
-        )));
-        return;
+        drop(parts);
+        return not_assigned(ctx, req);
     };
     if let Some(old) = part.fetch.take() {
         // Overtaken: the core ignores the answer to the old fetch id anyway.
         let _ = old.reply.send(LogRead::Decoded(Vec::new()));
-    }
-    if due.is_some() {
-        part.validate = None;
-    }
-    if let Some((earliest, end)) = diverged {
-        // The next fetch repositions, restarting the fetcher (librdkafka may stop it at
-        // the broker's own out-of-range answer).
-        part.stalled = true;
-        part.base = Offset::MAX;
-        part.known_end = part.known_end.min(end);
-        let counters = ctx.log.counters();
-        counters.out_of_range.fetch_add(1, Ordering::Relaxed);
-        counters.log_divergences.fetch_add(1, Ordering::Relaxed);
-        // An earliest not above the asked offset, so it cannot read as retention.
-        let earliest = earliest.min(req.from);
-        tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, end, "the log diverged from what the lane knows (its tail was lost); the core forgets from there");
-        let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
-        return;
     }
     if let Some((earliest, end)) = range {
         part.check_range = false;
@@ -884,47 +894,60 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
             return;
         }
     }
-    let reposition = req.from < part.base;
+    let reposition = req.from < part.base || part.start_unchecked;
     if reposition {
-        let earliest = ctx
-            .log
-            .cached_offsets(&ctx.topic, req.partition)
-            .map_or(0, |(e, _)| e);
-        let at = ctx.stream_start(req.partition, req.from, earliest);
-        let moved = if part.stalled {
-            restart_fetcher(consumer, ctx, &mut parts, req.partition, at)
-        } else {
-            run_now(consumer.seek(
-                ctx.topic.as_str(),
-                req.partition as i32,
-                KOffset::Offset(at as i64),
-                Duration::from_millis(0),
-            ))
+        let at = match checked.start {
+            _ if req.from <= earliest => req.from,
+            Some((from, at)) if from == req.from => at,
+            _ => {
+                drop(parts);
+                let job = Job {
+                    partition: req.partition,
+                    number: 0,
+                    validate: None,
+                    range: None,
+                    from: req.from,
+                    start: Some(earliest),
+                };
+                return submit(ctx, req, checked, job, false);
+            }
         };
-        if !matches!(moved, Some(Ok(()))) {
-            // Never answer past a failed seek: that would skip records as a "gap".
-            let why = match moved {
-                Some(Err(e)) => e.to_string(),
-                _ => "seek did not complete".to_owned(),
+        if part.start_unchecked && !part.stalled && req.from == part.base && at == req.from {
+            // The stream started at the lane's start answers from there: it stays.
+            part.start_unchecked = false;
+        } else {
+            let moved = if part.stalled {
+                restart_fetcher(consumer, ctx, &mut parts, req.partition, at)
+            } else {
+                run_now(consumer.seek(
+                    ctx.topic.as_str(),
+                    req.partition as i32,
+                    KOffset::Offset(at as i64),
+                    Duration::from_millis(0),
+                ))
             };
-            let _ = req.reply.send(LogRead::Failed(format!(
-                "cannot seek {}/{} to {}: {why}",
-                ctx.topic, req.partition, req.from
-            )));
-            return;
+            if !matches!(moved, Some(Ok(()))) {
+                // Never answer past a failed seek: that would skip records as a "gap".
+                let why = match moved {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "seek did not complete".to_owned(),
+                };
+                let _ = req.reply.send(LogRead::Failed(format!(
+                    "cannot seek {}/{} to {}: {why}",
+                    ctx.topic, req.partition, req.from
+                )));
+                return;
+            }
+            // Still there: the lock is held, and nothing above removes a partition.
+            if let Some(part) = parts.get_mut(&req.partition) {
+                part.reposition(req.from);
+            }
         }
     }
-    // Still there: the lock is held, and nothing above removes a partition.
     let Some(part) = parts.get_mut(&req.partition) else {
-        let _ = req.reply.send(LogRead::Failed(format!(
-            "partition {} of {} is not assigned to this instance",
-            req.partition, ctx.topic
-        )));
-        return;
+        drop(parts);
+        return not_assigned(ctx, req);
     };
-    if reposition {
-        part.reposition(req.from);
-    }
     part.discard_below(req.from);
     let partition = req.partition;
     part.fetch = Some(req);
@@ -934,6 +957,134 @@ fn on_fetch(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext, req: Fetc
         tpl.add_partition(ctx.topic.as_str(), partition as i32);
         if consumer.resume(&tpl).is_ok() {
             part.paused = false;
+        }
+    }
+}
+
+/// The log diverged from what the lane knows (its tail was lost): the next fetch
+/// repositions, restarting the fetcher (librdkafka may stop it at the broker's own
+/// out-of-range answer), and the core forgets from `end`.
+fn diverged(ctx: &GroupContext, req: FetchRequest, earliest: Offset, end: Offset) {
+    let mut parts = lock(&ctx.parts);
+    let Some(part) = parts.get_mut(&req.partition) else {
+        drop(parts);
+        return not_assigned(ctx, req);
+    };
+    if let Some(old) = part.fetch.take() {
+        let _ = old.reply.send(LogRead::Decoded(Vec::new()));
+    }
+    part.validate = None;
+    part.stalled = true;
+    part.base = Offset::MAX;
+    part.known_end = part.known_end.min(end);
+    let counters = ctx.log.counters();
+    counters.out_of_range.fetch_add(1, Ordering::Relaxed);
+    counters.log_divergences.fetch_add(1, Ordering::Relaxed);
+    // An earliest not above the asked offset, so it cannot read as retention.
+    let earliest = earliest.min(req.from);
+    tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, end, "the log diverged from what the lane knows (its tail was lost); the core forgets from there");
+    let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+}
+
+fn not_assigned(ctx: &GroupContext, req: FetchRequest) {
+    let _ = req.reply.send(LogRead::Failed(format!(
+        "partition {} of {} is not assigned to this instance",
+        req.partition, ctx.topic
+    )));
+}
+
+/// The log's earliest offset as last read (0 when never read).
+fn cached_earliest(ctx: &GroupContext, partition: Partition) -> Offset {
+    ctx.log
+        .cached_offsets(&ctx.topic, partition)
+        .map_or(0, |(e, _)| e)
+}
+
+/// A new fetch for a partition whose earlier fetch waits on the checker takes its place
+/// (the earlier one is answered empty, as any overtaken fetch; the reads go on for the
+/// new one, which asks again what they did not cover). `Some(req)` when none waits.
+fn overtake(ctx: &GroupContext, req: FetchRequest) -> Option<FetchRequest> {
+    let mut checking = lock(&ctx.checking);
+    let Some(w) = checking.waiting.get_mut(&req.partition) else {
+        return Some(req);
+    };
+    let old = std::mem::replace(&mut w.req, req);
+    w.expired = false;
+    let _ = old.reply.send(LogRead::Decoded(Vec::new()));
+    None
+}
+
+/// Hands `job`'s reads to the checker thread; `req` waits for them with what earlier
+/// round trips found (`checked`). `expired`: the fetch waited its time and only the range
+/// decides its answer ([`on_expired`]).
+fn submit(ctx: &GroupContext, req: FetchRequest, checked: Checked, mut job: Job, expired: bool) {
+    let mut checking = lock(&ctx.checking);
+    checking.next += 1;
+    job.number = checking.next;
+    let number = job.number;
+    let partition = req.partition;
+    let sent = lock(&ctx.jobs).as_ref().map(|jobs| jobs.send(job));
+    if !matches!(sent, Some(Ok(()))) {
+        let _ = req.reply.send(LogRead::Failed(
+            "the group's checker thread has stopped".into(),
+        ));
+        return;
+    }
+    let waiting = OnCheck {
+        number,
+        req,
+        checked,
+        expired,
+    };
+    if let Some(old) = checking.waiting.insert(partition, waiting) {
+        let _ = old.req.reply.send(LogRead::Decoded(Vec::new()));
+    }
+}
+
+/// The checker's answers: each goes on with the fetch that waits on it, unless that
+/// fetch was handed back since (a rebalance, a consumer error: [`recheck`]).
+fn on_checked(consumer: &BaseConsumer<GroupContext>, ctx: &GroupContext) {
+    let finished: Vec<Done> = lock(&ctx.done).try_iter().collect();
+    for d in finished {
+        let waiting = {
+            let mut checking = lock(&ctx.checking);
+            match checking.waiting.get(&d.partition) {
+                Some(w) if w.number == d.number => checking.waiting.remove(&d.partition),
+                _ => None,
+            }
+        };
+        let Some(w) = waiting else {
+            continue;
+        };
+        let checked = w.checked.and(d.checked);
+        if w.expired {
+            on_expired(ctx, w.req, checked);
+        } else {
+            on_fetch(consumer, ctx, w.req, Some(checked));
+        }
+    }
+}
+
+/// Hands the fetches waiting on the checker for `partitions` (every partition: `None`)
+/// back to be handled afresh after what changed them (what the reads answer is stale):
+/// held for the loop, or, for `dropped` partitions, answered empty (the engine dropped
+/// their lanes already).
+fn recheck(ctx: &GroupContext, partitions: Option<&[Partition]>, dropped: bool) {
+    let waiting: Vec<OnCheck> = {
+        let mut checking = lock(&ctx.checking);
+        let keys: Vec<Partition> = match partitions {
+            None => checking.waiting.keys().copied().collect(),
+            Some(ps) => ps.to_vec(),
+        };
+        keys.iter()
+            .filter_map(|p| checking.waiting.remove(p))
+            .collect()
+    };
+    for w in waiting {
+        if dropped {
+            let _ = w.req.reply.send(LogRead::Decoded(Vec::new()));
+        } else {
+            lock(&ctx.held).push(w.req);
         }
     }
 }
@@ -975,139 +1126,6 @@ fn read_offsets(log: &KafkaLog, topic: &TopicName, p: Partition) -> Result<Span,
         }
     }
     Err(last)
-}
-
-/// Checks what a lane knows against the log ([`divergence`]): the log's (earliest,
-/// divergence point) when it diverged, and the log's (earliest, end) when the check read
-/// them afresh; an error when the log could not be read (the check stays due).
-fn validate(
-    ctx: &GroupContext,
-    partition: Partition,
-    v: Validate,
-) -> Result<(Option<Span>, Option<Span>), String> {
-    let runtime = &ctx.log.inner.side.runtime;
-    let (earliest, claimed) = match v.range {
-        Some(r) => r,
-        None => runtime
-            .block_on(ctx.log.watermarks(&ctx.topic, partition))
-            .map_err(|e| {
-                format!(
-                    "cannot read the offsets of {}/{partition}: {e:?}",
-                    ctx.topic
-                )
-            })?,
-    };
-    let started = Instant::now();
-    let mut reads = 0u32;
-    let end = evident(ctx, partition, (earliest, claimed), v.known_end, &mut reads)?;
-    let mut probe = lock(&ctx.probe);
-    if v.stamp.is_some() && probe.is_none() {
-        *probe = Some(runtime.block_on(EpochProbe::new(ctx.log.settings()))?);
-    }
-    let topic = ctx.topic.as_str();
-    let d = divergence(v.stamp, earliest, end, v.known_end, |o| {
-        reads += 1;
-        match probe.as_ref() {
-            Some(p) => p.first_at(topic, partition, o, earliest, Some(end)),
-            None => Err("no leader-epoch probe".to_owned()),
-        }
-    })?;
-    tracing::debug!(group = %ctx.group, partition, stamp = ?v.stamp, known_end = v.known_end, earliest, claimed, end, diverged_at = ?d, reads, elapsed_ms = started.elapsed().as_millis() as u64, "lane checked against the log");
-    let fresh = v.range.is_none().then_some((earliest, end));
-    Ok((d.map(|d| (earliest, d)), fresh))
-}
-
-/// The end of `partition`'s log for a lane that knows offsets below `known_end`, when the
-/// broker claims `claimed` ([`evident_end`]: a claim below what the lane knows is read
-/// before it is believed). A refuted claim is counted and logged (once per partition and
-/// claim at warn); the end the log showed is kept for lag and later checks.
-fn evident(
-    ctx: &GroupContext,
-    partition: Partition,
-    (earliest, claimed): Span,
-    known_end: Offset,
-    reads: &mut u32,
-) -> Result<Offset, String> {
-    if claimed >= known_end {
-        return Ok(claimed);
-    }
-    // The same claim refuted before, by a log that showed all the lane knows: not read
-    // again (tansu repeats its claim until the next batch arrives).
-    if let Some(r) = lock(&ctx.anomalies).get(&partition) {
-        if r.claim == claimed && r.shown >= known_end {
-            ctx.log
-                .counters()
-                .end_anomalies
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(r.shown);
-        }
-    }
-    let mut probe = lock(&ctx.probe);
-    if probe.is_none() {
-        *probe = Some(
-            ctx.log
-                .inner
-                .side
-                .runtime
-                .block_on(EpochProbe::new(ctx.log.settings()))?,
-        );
-    }
-    let topic = ctx.topic.as_str();
-    let checked = evident_end(claimed, known_end, |o| {
-        *reads += 1;
-        match probe.as_ref() {
-            Some(p) => p.first_at(topic, partition, o, earliest, None),
-            None => Err("no leader-epoch probe".to_owned()),
-        }
-    })?;
-    if checked.refuted {
-        ctx.log
-            .counters()
-            .end_anomalies
-            .fetch_add(1, Ordering::Relaxed);
-        let first = lock(&ctx.anomalies)
-            .insert(
-                partition,
-                Refuted {
-                    claim: claimed,
-                    shown: checked.end,
-                },
-            )
-            .is_none();
-        if first {
-            tracing::warn!(group = %ctx.group, partition, claimed, shown = checked.end, known_end, "the broker claimed an end below records it holds; kept everything (counted in unimesh_kafka_end_anomalies_total, logged once per partition)");
-        } else {
-            tracing::debug!(group = %ctx.group, partition, claimed, shown = checked.end, "end claim refuted again");
-        }
-    }
-    ctx.log
-        .show_end(&ctx.topic, partition, checked.end, !checked.refuted);
-    Ok(checked.end)
-}
-
-/// `range` as claimed by the broker, its end checked by [`evident`] when it is below
-/// `known_end`; `None` when the log could not be read (no verdict: the fetch goes on).
-fn claimed_range(
-    ctx: &GroupContext,
-    partition: Partition,
-    range: Span,
-    known_end: Offset,
-) -> Option<Span> {
-    let mut reads = 0;
-    match evident(ctx, partition, range, known_end, &mut reads) {
-        Ok(end) => Some((range.0, end)),
-        Err(e) => {
-            tracing::warn!(group = %ctx.group, partition, error = %e, "cannot check the broker's end offset against the log");
-            None
-        }
-    }
-}
-
-/// A partition end claim a read of the log refuted: the claim, and the end the log showed.
-#[derive(Clone, Copy, Debug)]
-struct Refuted {
-    claim: Offset,
-    shown: Offset,
 }
 
 /// Starts fetching `partition` at `from` again after the consumer may have stopped it (a
@@ -1253,6 +1271,8 @@ fn on_error(ctx: &GroupContext, e: &KafkaError) {
             .collect()
     };
     lock(&ctx.held).extend(waiting);
+    // What the checker reads for a waiting fetch predates the error: read again.
+    recheck(ctx, None, false);
 }
 
 /// Fetches that waited their time at the end of a partition answer empty — unless the
@@ -1275,35 +1295,42 @@ fn expire_fetches(ctx: &GroupContext) {
             .claimed_offsets(&ctx.topic, req.partition)
             .is_some_and(|(earliest, end)| req.from < earliest || req.from > end);
         if suspect {
-            let read = ctx
-                .log
-                .inner
-                .side
-                .runtime
-                .block_on(ctx.log.watermarks(&ctx.topic, req.partition))
-                .ok();
             // A fetch past the claimed end asks from where records were handed over: the
-            // claim is checked against the log before it repositions anything.
-            if let Some((earliest, end)) =
-                read.and_then(|r| claimed_range(ctx, req.partition, r, req.from))
-            {
-                if req.from < earliest || req.from > end {
-                    let mut parts = lock(&ctx.parts);
-                    if let Some(part) = parts.get_mut(&req.partition) {
-                        part.base = Offset::MAX;
-                    }
-                    ctx.log
-                        .counters()
-                        .out_of_range
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, earliest, end, "offset outside the log; the core repositions");
-                    let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
-                    continue;
-                }
-            }
+            // claim is checked against the log (off this thread) before it repositions
+            // anything.
+            let job = Job {
+                partition: req.partition,
+                number: 0,
+                validate: None,
+                range: Some(req.from),
+                from: req.from,
+                start: None,
+            };
+            submit(ctx, req, Checked::default(), job, true);
+        } else {
+            let _ = req.reply.send(LogRead::Decoded(Vec::new()));
         }
-        let _ = req.reply.send(LogRead::Decoded(Vec::new()));
     }
+}
+
+/// An expired fetch whose position the broker's offsets placed outside the log, back
+/// from the checker: `OutOfRange` when the log's range, its end read, says so, else empty.
+fn on_expired(ctx: &GroupContext, req: FetchRequest, checked: Checked) {
+    if let Some(Some((earliest, end))) = checked.range {
+        if req.from < earliest || req.from > end {
+            if let Some(part) = lock(&ctx.parts).get_mut(&req.partition) {
+                part.base = Offset::MAX;
+            }
+            ctx.log
+                .counters()
+                .out_of_range
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, earliest, end, "offset outside the log; the core repositions");
+            let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+            return;
+        }
+    }
+    let _ = req.reply.send(LogRead::Decoded(Vec::new()));
 }
 
 /// The group generation the consumer is in, as librdkafka's group metadata reports it
@@ -1345,7 +1372,7 @@ mod tests {
     use unimesh_core::{Checkpoint, Progress};
 
     use super::*;
-    use crate::storage::kafka::rules::epochs::known_end;
+    use crate::storage::kafka::rules::epochs::{divergence, known_end};
 
     fn checkpoint(
         watermark: Offset,

@@ -3,10 +3,12 @@
 //! consumer whose rebalance callbacks forward to `rules/` and carry out its answers. No
 //! decision is taken here that `rules/` could take without a client.
 //!
-//! `cfg(madsim)` chooses whole files: `consumer`, `nudge`, `probe`, `subscriptions` and
+//! `cfg(madsim)` chooses whole files: `checker`, `consumer`, `nudge`, `probe`, `subscriptions` and
 //! `times` need librdkafka's consumer groups, committed offsets and leader epochs, which the
 //! simulated broker does not have; `simulated` takes `consumer`'s place there.
 
+#[cfg(not(madsim))]
+mod checker;
 mod client_log;
 #[cfg(not(madsim))]
 mod consumer;

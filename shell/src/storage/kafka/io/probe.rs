@@ -49,6 +49,9 @@ impl EpochProbe {
     pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
         let mut c = settings.client_config(ClientRole::Consumer);
         c.set("group.id", format!("{}epoch-probe", settings.group_prefix))
+            // Named apart from the instance's other clients (in the broker's logs and
+            // request headers).
+            .set("client.id", format!("{}-epoch-probe", settings.instance))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "true")
             .set("isolation.level", "read_committed")

@@ -86,6 +86,9 @@ pub fn lane_start<F: Waiting>(partition: Partition, found: Found) -> LaneStart<F
         .fold(start, Offset::max);
     let mut part = Part::new(start);
     part.epoch = stamp;
+    // From the log's earliest no record can be skipped; from above it, the first fetch
+    // reads where the stream must start (`Part::start_unchecked`).
+    part.start_unchecked = start > earliest;
     if let Some(c) = &checkpoint {
         part.known_end = known_end(c);
         part.validate = Some(Validate {
@@ -187,6 +190,8 @@ mod tests {
             (l.part.base, l.part.epoch, l.part.known_end),
             (10, Some(4), 14)
         );
+        // Above the earliest (3): where the stream starts is read before it answers.
+        assert!(l.part.start_unchecked);
         let v = l.part.validate.expect("a checkpoint is checked");
         assert_eq!(
             (v.stamp, v.known_end, v.range),
@@ -224,5 +229,6 @@ mod tests {
             (l.part.base, l.part.validate, l.assignment.checkpoint),
             (6, None, None)
         );
+        assert!(!l.part.start_unchecked, "nothing lies below the earliest");
     }
 }

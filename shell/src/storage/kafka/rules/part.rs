@@ -60,6 +60,12 @@ pub struct Part<F> {
     /// answered: at assignment (the checkpoint it resumes from), and after librdkafka
     /// stopped the partition (it may have detected a truncation).
     pub validate: Option<Validate>,
+    /// The stream was started at `base` without reading first whether the broker answers
+    /// a read from there with `base`'s own batch (a broker may answer a read from inside
+    /// a batch with the next one; tansu 0.6.0 does): the first fetch reads it, off the
+    /// consumer thread, and moves the stream further back before any record is answered.
+    /// Set for a lane that starts above the log's earliest ([`crate::storage::kafka::rules::assign::lane_start`]).
+    pub start_unchecked: bool,
     /// The leader epoch of the lane's position: the checkpoint's stamp, raised by every
     /// record handed to the core (never by one only buffered: a record read from a log
     /// not yet checked must not vouch for it); progress records are stamped with it
@@ -87,6 +93,7 @@ impl<F: Waiting> Part<F> {
             check_range: false,
             stalled: false,
             validate: None,
+            start_unchecked: false,
             epoch: None,
             known_end: 0,
             base,
@@ -130,6 +137,7 @@ impl<F: Waiting> Part<F> {
     /// buffered is dropped, and `from` is the new `base`.
     pub fn reposition(&mut self, from: Offset) {
         self.stalled = false;
+        self.start_unchecked = false;
         self.clear();
         self.base = from;
     }
