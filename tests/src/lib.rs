@@ -719,6 +719,15 @@ impl Server {
         self.launch();
     }
 
+    /// [`Server::restart`] with other options (the same data directory).
+    pub fn restart_with(&mut self, opts: Options) {
+        if let Err(e) = std::fs::write(self.config_path(), &opts.toml) {
+            panic!("cannot write {}: {e}", self.config_path().display());
+        }
+        self.opts = opts;
+        self.launch();
+    }
+
     /// Kills the process with SIGKILL (no chance to flush anything) and reaps it.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -227,6 +227,79 @@ fn a_resume_offset_beyond_the_log_end_repositions_and_is_counted() {
     );
 }
 
+/// Goal: a restart serves the groups the subscriptions topic holds, never a copy the
+/// node's local store kept (docs/DESIGN.md §8, "A state batch on Kafka is durable as
+/// one"). Method: a group is defined on an instance whose subscriptions topic is `subs-a`;
+/// the instance stops and starts again on the same data directory with `subs-b`, which
+/// holds no record of the group — what the topic says after a deletion whose tombstone
+/// compaction has since removed, or after a batch that reached the topic and not the
+/// local store. The group is unknown from the first request (the old code recovered it
+/// from the local copy, and no record of the topic ever took it away).
+#[test]
+fn a_restart_takes_its_groups_from_the_subscriptions_topic() {
+    let broker = Broker::start();
+    let toml = |topic: &str| {
+        broker
+            .server_options("one", 1)
+            .toml(&format!("subscriptions_topic = \"{topic}\"\n"))
+    };
+    let mut server = Server::start(toml("subs-a"));
+    server.subscribe("kept", &json!({"topic": "t", "startFrom": "earliest"}));
+    server.get("/v1/subscriptions/kept").expect(200);
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+
+    server.restart_with(toml("subs-b"));
+    server
+        .get("/v1/subscriptions/kept")
+        .expect_error(404, "unknown-group");
+
+    // And back on `subs-a`, which holds it: served from the first request.
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+    server.restart_with(toml("subs-a"));
+    server.get("/v1/subscriptions/kept").expect(200);
+}
+
+/// Goal: a definition in the subscriptions topic that this node's limits refuse —
+/// written by an instance configured otherwise — does not stop this node's start; it is
+/// logged with the group and the reason and skipped, as the watcher skips it while
+/// serving (docs/DESIGN.md §8, "A state batch on Kafka is durable as one";
+/// `engine::shared::admitted`). Method: `narrow` and `wide` (maxAttempts 100) are
+/// defined; the instance restarts with `mesh.max_attempts = 50`, as another instance's
+/// configuration. It starts (the branch before the fix refused: `Mesh::new` rejects the
+/// recovery), serves `narrow`, not `wide`, and its log names `wide` and `maxAttempts`.
+#[test]
+fn a_definition_this_node_refuses_is_skipped_at_start() {
+    let broker = Broker::start();
+    let mut server = Server::start(broker.server_options("one", 1));
+    server.subscribe("narrow", &json!({"topic": "t", "startFrom": "earliest"}));
+    server.subscribe(
+        "wide",
+        &json!({"topic": "t", "startFrom": "earliest", "maxAttempts": 100}),
+    );
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.stderr());
+
+    server.restart_with(
+        broker
+            .server_options("one", 1)
+            .toml("[mesh]\nmax_attempts = 50\n"),
+    );
+    server.get("/v1/subscriptions/narrow").expect(200);
+    server
+        .get("/v1/subscriptions/wide")
+        .expect_error(404, "unknown-group");
+    let log = server.stderr();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("skipped at start")
+            && l.contains("wide")
+            && l.contains("maxAttempts")),
+        "{log}"
+    );
+}
+
 /// Goal: a late progress write of a replaced owner (a zombie) never replaces the progress
 /// of the lane's later owner (docs/DESIGN.md §8; shell/src/storage/kafka/io/progress/). Method: a
 /// group ACKs records 0..3 of 10 and stops gracefully (its progress record says 3, under

@@ -103,7 +103,11 @@ pub async fn start_observed(
     state: Arc<dyn StatePort>,
     tap: Option<Arc<dyn EngineTap>>,
 ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
-    let loaded = state.load().await.map_err(EngineError::from)?;
+    let mut loaded = state.load().await.map_err(EngineError::from)?;
+    if loaded.shared_definitions {
+        let read = std::mem::take(&mut loaded.recovered.subscriptions);
+        loaded.recovered.subscriptions = shared::admitted(&config.mesh, read);
+    }
     let mesh = Mesh::new(config.mesh.clone(), loaded.recovered, 0)
         .map_err(|e| EngineError::Unavailable(format!("cannot recover: {e}")))?;
     // Debug builds check the invariants as they serve, at most a tenth of the time (the

@@ -15,6 +15,7 @@ use crate::storage::state::{MemoryDisk, MemoryStore};
 
 mod dedup;
 mod revoke;
+mod shared;
 mod topics;
 
 fn g(s: &str) -> GroupName {

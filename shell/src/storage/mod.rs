@@ -212,7 +212,11 @@ impl Backend {
                     return Ok(None);
                 }
                 log.spawn_offsets_refresh(start.offsets_refresh);
-                let state = KafkaState::new(local, log.clone());
+                // Recovery takes the definitions from the topic, never from a local copy.
+                let definitions = kafka::definitions(&log)
+                    .await
+                    .map_err(|e| format!("cannot read the subscriptions topic: {e}"))?;
+                let state = KafkaState::new(local, log.clone(), definitions);
                 Ok(Some(Opened::Kafka { log, state }))
             }
         }

@@ -614,6 +614,23 @@ impl World {
         w.check(r);
     }
 
+    /// Node `node`'s local store made `epoch` durable apart from the rest of its batch
+    /// (the Kafka state port writes its local part, the epoch, first).
+    pub fn epoch_durable(&self, node: usize, epoch: Epoch) {
+        let mut w = self.lock();
+        if w.failure.is_none() {
+            w.checker.instance(node as u32).epoch_durable(epoch);
+        }
+    }
+
+    /// A group's definition reached the store a restart reads it from (Kafka's
+    /// subscriptions topic), whether or not the rest of its batch did.
+    pub fn spec_durable(&self, spec: &SubscriptionSpec) {
+        self.lock()
+            .durable_specs
+            .insert(spec.group.clone(), spec.clone());
+    }
+
     /// The broker's group coordinator took `partitions` of `group` from node `node`'s
     /// member without telling it (its session expired, or it was expelled).
     pub fn lanes_expired(&self, node: usize, group: &GroupName, partitions: &[Partition]) {

@@ -38,6 +38,14 @@ impl Checker {
         Ok(())
     }
 
+    /// The selected instance's store made `epoch` durable on its own, apart from the rest
+    /// of its batch (a state port whose local part, the epoch, lands before the batch
+    /// counts: the Kafka backend's). The next incarnation must use the one after it.
+    pub fn epoch_durable(&mut self, epoch: Epoch) {
+        let n = self.node();
+        n.durable_epoch = n.durable_epoch.max(epoch);
+    }
+
     /// The selected instance's mesh died: whatever it held in memory is gone.
     pub fn crashed(&mut self, now: Millis) {
         self.tick(now);

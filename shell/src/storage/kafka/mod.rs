@@ -42,6 +42,7 @@ use std::time::Duration;
 pub use io::watch_subscriptions;
 pub use io::{check_properties, ClientRole, PropertyTables, FIXED_PROPERTIES};
 pub use io::{decode_message, dlq_topic, unframed, KafkaLog, KafkaState};
+pub use io::{definition, definitions};
 #[cfg(madsim)]
 pub use io::{MemberId, SimCoordinator};
 pub use rules::Rebalance;

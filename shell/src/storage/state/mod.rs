@@ -84,6 +84,11 @@ pub struct Loaded {
     pub recovered: Recovered,
     /// Rate-limit rules, ordered by topic.
     pub rate_rules: Vec<(TopicName, RateRule)>,
+    /// The subscriptions come from a store other instances write too (Kafka's
+    /// subscriptions topic), each under its own configuration: the engine skips, logged,
+    /// a definition this node's limits refuse (as the watcher does, `engine::shared`)
+    /// instead of refusing to start. False: this node wrote every one of them.
+    pub shared_definitions: bool,
 }
 
 /// One dead-lettered record of one group.

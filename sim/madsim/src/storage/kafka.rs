@@ -26,10 +26,17 @@
 //!   per lane, the generations the topic holds (records and deletions, as it reads them),
 //!   and a checkpoint whose record lands below a higher generation of its lane is reported
 //!   *outranked*: durable, never read (`World::persist_durable_outranked`). That is the
-//!   harness's own statement of the fence, not the shell's code. Known gap:
-//!   `KafkaState` writes a batch to two stores (the topics, then the node's local store for
-//!   definitions and rate rules), so a kill between the two leaves its local part lost
-//!   although the world counts the batch durable.
+//!   harness's own statement of the fence, not the shell's code.
+//! - the parts of a batch that land apart. `KafkaState` writes a batch to two stores: its
+//!   local part (the epoch alone) to the node's store first, then the topics
+//!   (docs/DESIGN.md §8, "A state batch on Kafka is durable as one"). The node's store
+//!   tells the world of an epoch the moment it commits it (`ReportingStore::epochs`), so a kill
+//!   after it and before the batch counts leaves the world knowing the epoch moved on;
+//!   with the old order (epoch last) a kill between made the world count an epoch the
+//!   store never had, and the next incarnation's epoch failed C4. A restart takes its
+//!   definitions from the subscriptions topic, so the tap reads that topic too and tells
+//!   the world of each definition when its record lands (`World::spec_durable`), whether
+//!   or not the rest of its batch does.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -42,6 +49,7 @@ use madsim::runtime::{Handle, NodeHandle};
 use madsim_rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use madsim_rdkafka::client::DefaultClientContext;
 use madsim_rdkafka::consumer::BaseConsumer;
+use madsim_rdkafka::message::OwnedMessage;
 use madsim_rdkafka::producer::{FutureProducer, FutureRecord};
 use madsim_rdkafka::{ClientConfig, Message, Offset as KOffset, SimBroker, TopicPartitionList};
 use madsim_tokio as tokio;
@@ -54,7 +62,7 @@ use unimesh_shell::engine::{
     StorageError, TopicFacts,
 };
 use unimesh_shell::kafka::{
-    decode_message, dlq_topic, unframed, KafkaLog, KafkaSettings, KafkaState,
+    decode_message, definition, dlq_topic, unframed, KafkaLog, KafkaSettings, KafkaState,
 };
 use unimesh_shell::storage;
 
@@ -64,6 +72,7 @@ use unimesh_shell::state::{DlqEntry, Loaded, MemoryDisk, MemoryStore};
 use unimesh_sim::rng::Rng;
 use unimesh_sim::Clause;
 
+use super::state::ReportingStore;
 use super::{Backend, Ports};
 use crate::options::Options;
 use crate::world::{violation, World};
@@ -186,13 +195,13 @@ impl Backend for KafkaBackend {
                 watch_every: None,
                 offsets_refresh: Duration::from_millis(200),
             });
-            let opened = backend
-                .open(Box::new(MemoryStore::open(disk)), None)
-                .await?;
+            let local = ReportingStore::epochs(MemoryStore::open(disk), world.clone(), node);
+            let opened = backend.open(Box::new(local), None).await?;
             let Some(storage::Opened::Kafka { log, state }) = opened else {
                 return Err("the storage factory opened no Kafka ports".to_owned());
             };
             log.set_coordinator(coordinator);
+            tap.lock().opened = true;
             let state: Arc<dyn StatePort> = Arc::new(ReportingState {
                 inner: state,
                 tap: tap.clone(),
@@ -267,6 +276,8 @@ struct TapState {
     /// last records of that key, oldest first (a reader that read the topic a moment ago
     /// took one of them; a deletion clears them).
     landed: BTreeMap<String, BTreeMap<Option<i32>, VecDeque<Landed>>>,
+    /// A mesh node opened the backend: the subscriptions topic exists.
+    opened: bool,
 }
 
 /// Records kept per key ([`TapState::landed`]).
@@ -310,9 +321,11 @@ struct Tap {
     brokers: String,
     topic: TopicName,
     progress_topic: String,
-    subscriptions_topic: String,
     /// The progress topic's reader (created with the first batch, once the topic exists).
     progress: tokio::sync::Mutex<Option<BaseConsumer>>,
+    subscriptions_topic: String,
+    /// The subscriptions topic's reader (created once a node opened the backend).
+    subscriptions: tokio::sync::Mutex<Option<BaseConsumer>>,
     partitions: u32,
     max_event_bytes: usize,
     state: Mutex<TapState>,
@@ -327,8 +340,9 @@ impl Tap {
             brokers: settings.brokers.clone(),
             topic: crate::run::topic(),
             progress_topic: settings.progress_topic.clone(),
-            subscriptions_topic: settings.subscriptions_topic.clone(),
             progress: tokio::sync::Mutex::new(None),
+            subscriptions_topic: settings.subscriptions_topic.clone(),
+            subscriptions: tokio::sync::Mutex::new(None),
             partitions,
             max_event_bytes: settings.max_event_bytes,
             state: Mutex::new(TapState::default()),
@@ -423,7 +437,8 @@ impl Tap {
                 None => false,
             };
             let progress = self.poll_progress(&world).await;
-            if !data && !progress {
+            let definition = self.poll_subscriptions(&world).await;
+            if !data && !progress && !definition {
                 tokio::time::sleep(TAP_POLL).await;
             }
         }
@@ -435,22 +450,7 @@ impl Tap {
         if self.lock().registered.is_empty() {
             return false;
         }
-        let mut reader = self.progress.lock().await;
-        if reader.is_none() {
-            let Ok(c) = self.config().create::<BaseConsumer>().await else {
-                return false;
-            };
-            let mut tpl = TopicPartitionList::new();
-            let _ = tpl.add_partition_offset(&self.progress_topic, 0, KOffset::Offset(0));
-            if c.assign(&tpl).is_err() {
-                return false;
-            }
-            *reader = Some(c);
-        }
-        let Some(c) = reader.as_ref() else {
-            return false;
-        };
-        let Some(Ok(m)) = c.poll(Duration::ZERO).await else {
+        let Some(m) = self.next_record(&self.progress, &self.progress_topic).await else {
             return false;
         };
         let done = {
@@ -519,6 +519,46 @@ impl Tap {
             self.changed.notify_waiters();
         }
         true
+    }
+
+    /// One record of the subscriptions topic, if the reader has one: the definition it
+    /// holds is what a restart takes. False when there was nothing to read.
+    async fn poll_subscriptions(&self, world: &World) -> bool {
+        if !self.lock().opened {
+            return false;
+        }
+        let Some(m) = self
+            .next_record(&self.subscriptions, &self.subscriptions_topic)
+            .await
+        else {
+            return false;
+        };
+        let key = m.key().and_then(|k| std::str::from_utf8(k).ok());
+        if let Some(spec) = key.zip(m.payload()).and_then(|(k, v)| definition(k, v)) {
+            world.spec_durable(&spec);
+        }
+        true
+    }
+
+    /// The next record of partition 0 of `topic` (the progress and subscriptions topics
+    /// have one), read by the reader in `slot` (made at the first call), if it has one.
+    async fn next_record(
+        &self,
+        slot: &tokio::sync::Mutex<Option<BaseConsumer>>,
+        topic: &str,
+    ) -> Option<OwnedMessage> {
+        let mut reader = slot.lock().await;
+        if reader.is_none() {
+            let c = self.config().create::<BaseConsumer>().await.ok()?;
+            let mut tpl = TopicPartitionList::new();
+            let _ = tpl.add_partition_offset(topic, 0, KOffset::Offset(0));
+            c.assign(&tpl).ok()?;
+            *reader = Some(c);
+        }
+        match reader.as_ref()?.poll(Duration::ZERO).await {
+            Some(Ok(m)) => Some(m.detach()),
+            _ => None,
+        }
     }
 
     /// Reads the progress topic to its end, reporting every batch that became durable.

@@ -15,11 +15,28 @@ pub struct ReportingStore {
     inner: MemoryStore,
     world: Arc<World>,
     node: usize,
+    /// Only the epoch of each commit: the store is the local part of another state port
+    /// (the Kafka backend's), whose batches count elsewhere.
+    epochs_only: bool,
 }
 
 impl ReportingStore {
     pub fn new(inner: MemoryStore, world: Arc<World>, node: usize) -> Self {
-        Self { inner, world, node }
+        Self {
+            inner,
+            world,
+            node,
+            epochs_only: false,
+        }
+    }
+
+    /// A store that reports the epoch of each commit (`World::epoch_durable`), not the
+    /// commit as a batch.
+    pub fn epochs(inner: MemoryStore, world: Arc<World>, node: usize) -> Self {
+        Self {
+            epochs_only: true,
+            ..Self::new(inner, world, node)
+        }
     }
 }
 
@@ -29,11 +46,13 @@ impl StateStore for ReportingStore {
     }
 
     fn apply(&mut self, batch: &PersistBatch, now_wall_ms: u64) -> Result<(), StoreError> {
-        let r = self.inner.apply(batch, now_wall_ms);
-        if r.is_ok() {
-            self.world.persist_durable(self.node, batch);
+        self.inner.apply(batch, now_wall_ms)?;
+        match batch.epoch {
+            _ if !self.epochs_only => self.world.persist_durable(self.node, batch),
+            Some(epoch) => self.world.epoch_durable(self.node, epoch),
+            None => {}
         }
-        r
+        Ok(())
     }
 
     fn dlq_list(

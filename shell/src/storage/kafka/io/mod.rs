@@ -3,9 +3,11 @@
 //! consumer whose rebalance callbacks forward to `rules/` and carry out its answers. No
 //! decision is taken here that `rules/` could take without a client.
 //!
-//! `cfg(madsim)` chooses whole files: `checker`, `consumer`, `nudge`, `probe`, `subscriptions` and
-//! `times` need librdkafka's consumer groups, committed offsets and leader epochs, which the
+//! `cfg(madsim)` chooses whole files: `checker`, `consumer`, `nudge`, `probe` and `times`
+//! need librdkafka's consumer groups, committed offsets and leader epochs, which the
 //! simulated broker does not have; `simulated` takes `consumer`'s place there.
+//! `subscriptions` is built in both (its start-time read, through `whole`, runs on the
+//! simulated broker), its watcher only outside madsim.
 
 #[cfg(not(madsim))]
 mod checker;
@@ -23,10 +25,10 @@ mod properties;
 mod records;
 #[cfg(madsim)]
 mod simulated;
-#[cfg(not(madsim))]
 mod subscriptions;
 #[cfg(not(madsim))]
 mod times;
+mod whole;
 
 pub use dlq::dlq_topic;
 pub use log::KafkaLog;
@@ -37,3 +39,4 @@ pub use records::{decode_message, unframed};
 pub use simulated::{MemberId, SimCoordinator};
 #[cfg(not(madsim))]
 pub use subscriptions::watch as watch_subscriptions;
+pub use subscriptions::{definition, definitions};

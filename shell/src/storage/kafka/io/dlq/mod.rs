@@ -199,6 +199,15 @@ impl Ledger {
     }
 }
 
+/// Who reads a DLQ topic ([`super::whole::read`]).
+const READER: super::whole::Reader<'static> = super::whole::Reader {
+    role: "DLQ reader",
+    group_id: "dlq-reader",
+    what: "DLQ topic",
+    // A browse or replay answers an error the caller may retry.
+    unclaimed: super::whole::Unclaimed::Fails,
+};
+
 /// One record of a DLQ topic: the dead letter of a record at its source coordinates, or
 /// a tombstone removing it.
 fn take<M: Message>(ledger: &mut Ledger, m: &M, group: &GroupName, topic: &TopicName) {

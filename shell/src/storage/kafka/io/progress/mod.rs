@@ -96,7 +96,7 @@ use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{
     Checkpoint, DlqKey, GroupName, LaneCheckpoint, Offset, Partition, PersistBatch, Progress,
-    RateRule, TopicName,
+    RateRule, SubscriptionSpec, TopicName,
 };
 
 use super::log::{lock, KafkaLog};
@@ -616,11 +616,22 @@ impl ProgressReader {
 
 /// The state port of the Kafka backend. Shared by every instance, in Kafka: lane
 /// checkpoints (the progress topic), subscription definitions (the subscriptions topic)
-/// and the DLQ ledger (`<topic>.dlq.<group>`). Local: the epoch, a copy of the
-/// definitions (for the restart before the topic is read) and the rate rules.
+/// and the DLQ ledger (`<topic>.dlq.<group>`). Local: the epoch and the rate rules.
+///
+/// A batch goes to two stores, and no write spans both, so it is durable as one by order
+/// (docs/DESIGN.md §8, "A state batch on Kafka is durable as one"): its local part, the
+/// epoch alone, is made durable before anything is written to Kafka, and the batch counts
+/// once its last progress record is acknowledged. A batch cut short between the two has
+/// moved the epoch on and nothing else, which is harmless (an epoch must never repeat; one
+/// may be skipped). Recovery reads nothing else locally: a restart takes the definitions
+/// from the subscriptions topic, read to its end before the engine is built
+/// (`definitions`), never from a local copy.
 pub struct KafkaState {
     local: StoreAdapter,
     log: KafkaLog,
+    /// The subscriptions topic's definitions as read at start: what [`StatePort::load`]
+    /// recovers.
+    definitions: Vec<SubscriptionSpec>,
     /// The topic of each group, for the DLQ topic's name.
     topics: Arc<Mutex<BTreeMap<GroupName, TopicName>>>,
     /// Per DLQ key, the record (its [`super::dlq::record_id`]) this instance handed the
@@ -629,10 +640,13 @@ pub struct KafkaState {
 }
 
 impl KafkaState {
-    pub fn new(local: StoreAdapter, log: KafkaLog) -> Self {
+    /// The port on `local` (the node's store) and `log`, recovering `definitions` (the
+    /// subscriptions topic's, `super::definitions`).
+    pub fn new(local: StoreAdapter, log: KafkaLog, definitions: Vec<SubscriptionSpec>) -> Self {
         Self {
             local,
             log,
+            definitions,
             topics: Arc::new(Mutex::new(BTreeMap::new())),
             replayed: Arc::new(Mutex::new(BTreeMap::new())),
         }
@@ -719,11 +733,15 @@ fn replays_done(replayed: &mut BTreeMap<DlqKey, String>, batch: &PersistBatch) {
 impl StatePort for KafkaState {
     fn load(&self) -> BoxFut<Result<Loaded, StorageError>> {
         let local = self.local.load();
+        let definitions = self.definitions.clone();
         let topics = Arc::clone(&self.topics);
         Box::pin(async move {
             let mut loaded = local.await?;
-            // Progress comes with each assignment, from the progress topic.
+            // Progress comes with each assignment, from the progress topic; definitions from
+            // the subscriptions topic (a copy an earlier version kept locally is not read).
             loaded.recovered.checkpoints.clear();
+            loaded.recovered.subscriptions = definitions;
+            loaded.shared_definitions = true;
             let mut topics = lock(&topics);
             for s in &loaded.recovered.subscriptions {
                 topics.insert(s.group.clone(), s.topic.clone());
@@ -747,15 +765,16 @@ impl StatePort for KafkaState {
                 return Box::pin(async move { Err(e) });
             }
         };
-        let local = self.local.apply(
-            Arc::new(PersistBatch {
-                checkpoints: Vec::new(),
-                dead_letters: Vec::new(),
-                dlq_resolved: Vec::new(),
-                ..(*batch).clone()
-            }),
-            now_wall_ms,
-        );
+        // The local part: the epoch alone, durable before anything goes to Kafka.
+        let local = batch.epoch.map(|epoch| {
+            self.local.apply(
+                Arc::new(PersistBatch {
+                    epoch: Some(epoch),
+                    ..PersistBatch::default()
+                }),
+                now_wall_ms,
+            )
+        });
         let (tombstones, unknown) = resolutions(&lock(&self.replayed), &batch.dlq_resolved);
         for k in &unknown {
             tracing::warn!(group = %k.group, partition = k.partition, offset = k.offset, "a DLQ resolution of no replay of this instance deletes nothing");
@@ -776,6 +795,9 @@ impl StatePort for KafkaState {
             out
         };
         Box::pin(async move {
+            if let Some(local) = local {
+                local.await?;
+            }
             let inner = &log.inner;
             let s = &inner.settings;
             let mut pending = Vec::with_capacity(batch.checkpoints.len());
@@ -850,7 +872,7 @@ impl StatePort for KafkaState {
             }
             replays_done(&mut lock(&replayed), &batch);
             delete_stale(&log, &batch, &stamps).await;
-            local.await
+            Ok(())
         })
     }
 

@@ -1,27 +1,39 @@
-//! Subscriptions shared by every instance of a cluster: the durable group definitions live
-//! in a compacted topic keyed by group name (value: the state store's subscription
-//! encoding; a tombstone deletes the group), so a group created on one instance is served
-//! by all.
-//!
-//! Writes: the state port writes every definition and deletion of a persist batch here
-//! before the local store (see `progress::KafkaState`). Reads: a watcher thread tails the
-//! topic from its beginning and hands each record to a [`SubscriptionSink`] (the engine,
-//! `engine::shared`), which applies what differs from the local definition through its own
-//! `subscribe`/`unsubscribe`; since applying writes the same bytes back,
-//! and equal bytes are not applied again, the instances converge without ping-pong.
+//! The subscriptions topic on a real broker: read to its end at start (off the async
+//! workers), then tailed by the watcher thread.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use madsim_rdkafka::consumer::Consumer;
+use madsim_rdkafka::Message;
+use madsim_rdkafka::{Offset as KOffset, TopicPartitionList};
+use madsim_tokio as tokio;
+use unimesh_core::{GroupName, SubscriptionSpec};
 
-use super::client_log::{ClientLog, LoggedConsumer};
-use madsim_rdkafka::{Message, Offset as KOffset, TopicPartitionList};
-use unimesh_core::GroupName;
-
-use super::log::KafkaLog;
-use super::ClientRole;
+use super::{decoded, take_newest, Newest, READER};
+use crate::storage::kafka::io::client_log::{ClientLog, LoggedConsumer};
+use crate::storage::kafka::io::log::{block_on, KafkaLog};
+use crate::storage::kafka::io::whole;
+use crate::storage::kafka::io::ClientRole;
 use crate::storage::ports::SubscriptionSink;
+
+/// The group definitions the topic holds, read to its end, ordered by group name: the
+/// newest record of each key, deletions and records that do not decode left out (logged,
+/// as the watcher does), read on a blocking thread.
+pub async fn definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, String> {
+    let log = log.clone();
+    tokio::task::spawn_blocking(move || read_definitions(&log))
+        .await
+        .map_err(|e| format!("the read failed: {e}"))?
+}
+
+/// [`definitions`], blocking.
+fn read_definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, String> {
+    let mut newest = Newest::new();
+    let name = log.settings().subscriptions_topic.clone();
+    whole::read(log, &name, &READER, &mut |m| take_newest(&mut newest, m))?;
+    Ok(decoded(newest))
+}
 
 /// Starts the watcher thread; it ends within a poll (100 ms) of the engine's stop. Join it
 /// before the process exits: the thread holds the engine's sink and a librdkafka consumer,
@@ -42,12 +54,12 @@ pub fn watch(
     .set("enable.partition.eof", "false")
     .set("auto.offset.reset", "earliest");
     let runtime = log.inner.side.runtime.clone();
-    let consumer: LoggedConsumer = super::log::block_on(
+    let consumer: LoggedConsumer = block_on(
         &runtime,
         c.create_with_context(ClientLog::new("subscriptions reader")),
     )
     .map_err(|e| format!("cannot create the subscriptions reader: {e}"))?;
-    let meta = super::log::block_on(
+    let meta = block_on(
         &runtime,
         consumer.fetch_metadata(Some(&topic), s.request_timeout),
     )
