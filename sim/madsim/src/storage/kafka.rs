@@ -265,6 +265,9 @@ struct TapState {
     positions: BTreeMap<String, Vec<(Partition, Offset)>>,
     /// The next offset of the progress topic (one partition) the tap will read.
     progress_next: i64,
+    /// Below this, every progress record read is reported (the batch it completes
+    /// reported durable); it trails `progress_next` while the tap catches up on the data.
+    progress_reported: i64,
     /// Per mesh node, batches being written, in ticket order, each waiting for its last
     /// progress record.
     pending: BTreeMap<usize, VecDeque<Pending>>,
@@ -321,6 +324,8 @@ struct Tap {
     brokers: String,
     topic: TopicName,
     progress_topic: String,
+    /// The data topic's reader (set once the topic exists).
+    data: tokio::sync::Mutex<Option<BaseConsumer>>,
     /// The progress topic's reader (created with the first batch, once the topic exists).
     progress: tokio::sync::Mutex<Option<BaseConsumer>>,
     subscriptions_topic: String,
@@ -340,6 +345,7 @@ impl Tap {
             brokers: settings.brokers.clone(),
             topic: crate::run::topic(),
             progress_topic: settings.progress_topic.clone(),
+            data: tokio::sync::Mutex::new(None),
             progress: tokio::sync::Mutex::new(None),
             subscriptions_topic: settings.subscriptions_topic.clone(),
             subscriptions: tokio::sync::Mutex::new(None),
@@ -419,23 +425,14 @@ impl Tap {
             world.fail(violation(Clause::Core, format!("the tap cannot read: {e}")));
             return;
         }
+        *self.data.lock().await = Some(consumer);
         if let Ok(p) = self.config().create::<FutureProducer>().await {
             let _ = self.producer.set(p);
         }
         self.lock().ready = true;
         self.changed.notify_waiters();
         while !world.is_done() {
-            let data = match consumer.poll(Duration::ZERO).await {
-                Some(Ok(m)) => {
-                    self.report(&world, &m);
-                    true
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "the tap could not read");
-                    false
-                }
-                None => false,
-            };
+            let data = self.poll_data(&world).await;
             let progress = self.poll_progress(&world).await;
             let definition = self.poll_subscriptions(&world).await;
             if !data && !progress && !definition {
@@ -453,7 +450,7 @@ impl Tap {
         let Some(m) = self.next_record(&self.progress, &self.progress_topic).await else {
             return false;
         };
-        let done = {
+        let completes = {
             let mut st = self.lock();
             st.progress_next = m.offset() + 1;
             if let Some((lane, gen)) = m
@@ -473,6 +470,12 @@ impl Tap {
                                 Some((n, p.batch.clone(), i))
                             })
                         });
+                        // No batch writes it: a claim, the checkpoint an assignment resumed
+                        // from written again under the new generation. Its source is the
+                        // record it copied, whose own generation's record may be deleted
+                        // (a tombstone) before a later reader takes the claim (group seed
+                        // 7 on the catch-up: a zombie's base went unnamed).
+                        let writer = writer.or_else(|| Self::claimed_writer(&st, &lane, value));
                         let kept = st.landed.entry(lane).or_default().entry(gen).or_default();
                         if kept.len() >= LANDED_PER_KEY {
                             kept.pop_front();
@@ -489,16 +492,20 @@ impl Tap {
                     }
                 }
             }
-            let completes = st.pending.iter().find_map(|(&node, q)| {
-                q.front()
-                    .is_some_and(|p| {
-                        m.offset() >= p.from
-                            && m.key() == Some(p.key.as_slice())
-                            && m.payload() == Some(p.value.as_slice())
-                    })
-                    .then_some(node)
-            });
-            completes.and_then(|node| {
+            Self::completed_by(&st, &m).is_some()
+        };
+        if !completes {
+            self.lock().progress_reported = m.offset() + 1;
+            return true;
+        }
+        // What the batch names must be in the harness's log first: a checkpoint may name
+        // records the tap has not read yet (after a clock jump everything fires at once;
+        // group seeds 8391, 13036, 15558, 15807, 18351 judged a checkpoint against a log
+        // the tap had read only in part).
+        self.catch_up(world).await;
+        let done = {
+            let mut st = self.lock();
+            Self::completed_by(&st, &m).and_then(|node| {
                 let p = st.pending.get_mut(&node)?.pop_front()?;
                 st.reported.insert(node, p.id);
                 let outranked: Vec<bool> = p
@@ -516,8 +523,9 @@ impl Tap {
         };
         if let Some((node, batch, outranked)) = done {
             world.persist_durable_outranked(node, &batch, &outranked);
-            self.changed.notify_waiters();
         }
+        self.lock().progress_reported = m.offset() + 1;
+        self.changed.notify_waiters();
         true
     }
 
@@ -561,7 +569,106 @@ impl Tap {
         }
     }
 
-    /// Reads the progress topic to its end, reporting every batch that became durable.
+    /// The writer of the newest record of `lane` that holds the checkpoint `value` holds
+    /// and names one.
+    fn claimed_writer(
+        st: &TapState,
+        lane: &str,
+        value: &[u8],
+    ) -> Option<(usize, Arc<PersistBatch>, usize)> {
+        let checkpoint = unimesh_core::Checkpoint::decode(unframed(value)).ok()?;
+        st.landed
+            .get(lane)?
+            .values()
+            .rev()
+            .flat_map(|kept| kept.iter().rev())
+            .filter(|l| l.writer.is_some())
+            .find(|l| {
+                unimesh_core::Checkpoint::decode(unframed(&l.value))
+                    .ok()
+                    .as_ref()
+                    == Some(&checkpoint)
+            })
+            .and_then(|l| l.writer.clone())
+    }
+
+    /// The node whose first pending batch progress record `m` completes.
+    fn completed_by(st: &TapState, m: &OwnedMessage) -> Option<usize> {
+        st.pending.iter().find_map(|(&node, q)| {
+            q.front()
+                .is_some_and(|p| {
+                    m.offset() >= p.from
+                        && m.key() == Some(p.key.as_slice())
+                        && m.payload() == Some(p.value.as_slice())
+                })
+                .then_some(node)
+        })
+    }
+
+    /// One record of the data topic, reported, if the reader has one. False when there
+    /// was nothing to read.
+    async fn poll_data(&self, world: &World) -> bool {
+        let reader = self.data.lock().await;
+        let Some(consumer) = reader.as_ref() else {
+            return false;
+        };
+        match consumer.poll(Duration::ZERO).await {
+            Some(Ok(m)) => {
+                self.report(world, &m);
+                true
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the tap could not read");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Reads the data topic up to the end the broker has now, in every partition; a
+    /// catch-up this long fails the run.
+    async fn catch_up(&self, world: &World) {
+        let mut ends = Vec::with_capacity(self.partitions as usize);
+        {
+            let reader = self.data.lock().await;
+            let Some(consumer) = reader.as_ref() else {
+                return;
+            };
+            for p in 0..self.partitions {
+                let read = consumer
+                    .fetch_watermarks(self.topic.as_str(), p as i32, Duration::from_secs(1))
+                    .await;
+                match read {
+                    Ok((_, hi)) => ends.push((p, hi.max(0) as Offset)),
+                    Err(e) => {
+                        let message = format!("the tap cannot read the data topic's end: {e}");
+                        world.fail(violation(Clause::Core, message));
+                        return;
+                    }
+                }
+            }
+        }
+        let behind = |tap: &Self| {
+            let st = tap.lock();
+            ends.iter()
+                .any(|&(p, hi)| st.next.get(&p).copied().unwrap_or(0) < hi)
+        };
+        let deadline = tokio::time::Instant::now() + TAP_WAIT;
+        while behind(self) {
+            if tokio::time::Instant::now() >= deadline {
+                let message =
+                    format!("the tap did not read the data topic to {ends:?} within {TAP_WAIT:?}");
+                world.fail(violation(Clause::Core, message));
+                return;
+            }
+            if !self.poll_data(world).await {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    /// Waits until the tap has read the progress topic to its end, reporting every batch
+    /// that became durable.
     async fn read_progress_to_end(&self, world: &World) {
         if self.lock().registered.is_empty() {
             return;
@@ -581,11 +688,11 @@ impl Tap {
                 return;
             }
         };
+        // The tap's own loop reads it (only that loop reads and reports progress records,
+        // so they are reported in the topic's order, each after the data it names).
         let deadline = tokio::time::Instant::now() + TAP_WAIT;
-        while self.lock().progress_next < hi && tokio::time::Instant::now() < deadline {
-            if !self.poll_progress(world).await {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+        while self.lock().progress_reported < hi && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
