@@ -577,19 +577,26 @@ impl Tap {
         value: &[u8],
     ) -> Option<(usize, Arc<PersistBatch>, usize)> {
         let checkpoint = unimesh_core::Checkpoint::decode(unframed(value)).ok()?;
+        Self::writer_of(st, lane, &checkpoint)
+    }
+
+    /// The writer named by the newest record of `lane` that holds `checkpoint` and names
+    /// one.
+    fn writer_of(
+        st: &TapState,
+        lane: &str,
+        checkpoint: &unimesh_core::Checkpoint,
+    ) -> Option<(usize, Arc<PersistBatch>, usize)> {
         st.landed
             .get(lane)?
             .values()
             .rev()
             .flat_map(|kept| kept.iter().rev())
-            .filter(|l| l.writer.is_some())
-            .find(|l| {
-                unimesh_core::Checkpoint::decode(unframed(&l.value))
-                    .ok()
-                    .as_ref()
-                    == Some(&checkpoint)
+            .find_map(|l| {
+                let writer = l.writer.as_ref()?;
+                let read = unimesh_core::Checkpoint::decode(unframed(&l.value)).ok()?;
+                (read == *checkpoint).then(|| writer.clone())
             })
-            .and_then(|l| l.writer.clone())
     }
 
     /// The node whose first pending batch progress record `m` completes.
@@ -734,20 +741,7 @@ impl Tap {
         checkpoint: &unimesh_core::Checkpoint,
     ) -> Option<(usize, Arc<PersistBatch>, usize)> {
         let lane = format!("{group}\n{}\n{partition}", self.topic);
-        let st = self.lock();
-        st.landed
-            .get(&lane)?
-            .values()
-            .rev()
-            .flat_map(|kept| kept.iter().rev())
-            .find_map(|l| {
-                (unimesh_core::Checkpoint::decode(unframed(&l.value))
-                    .ok()
-                    .as_ref()
-                    == Some(checkpoint))
-                .then(|| l.writer.clone())
-                .flatten()
-            })
+        Self::writer_of(&self.lock(), &lane, checkpoint)
     }
 
     /// Forgets a batch of mesh node `node` whose write failed (what of it reached the
