@@ -31,20 +31,27 @@ pub(super) type Validated = (Option<Span>, Option<Span>);
 /// The reads one fetch needs before it is answered, in the order they are done; a read
 /// whose answer ends the fetch (an error, a divergence, a position outside the log) stops
 /// the reads after it.
-#[derive(Debug)]
-pub(super) struct Job {
-    pub partition: Partition,
-    /// Names the fetch waiting on it (a later fetch or a rebalance makes it stale).
-    pub number: u64,
+#[derive(Debug, Default)]
+pub(super) struct Reads {
     /// The lane's check against the log.
     pub validate: Option<Validate>,
     /// The log's (earliest, end), the end read before it is believed when it is below
     /// this offset (the lane knows offsets up to it).
     pub range: Option<Offset>,
-    /// The position the fetch asks for; with `start`, the stream's start is read for it.
-    pub from: Offset,
-    /// Read where the stream must start for `from`, the log's earliest being this.
+    /// Read where the stream must start for the fetch's position, the log's earliest
+    /// being this.
     pub start: Option<Offset>,
+}
+
+/// A fetch's [`Reads`], handed to the checker thread.
+#[derive(Debug)]
+pub(super) struct Job {
+    pub partition: Partition,
+    /// Names the fetch waiting on it (a later fetch or a rebalance makes it stale).
+    pub number: u64,
+    /// The position the fetch asks for.
+    pub from: Offset,
+    pub reads: Reads,
 }
 
 /// The answers of a [`Job`] (each `None` when not asked or not reached).
@@ -135,7 +142,7 @@ impl Checker {
         let mut c = Checked::default();
         let p = job.partition;
         let mut fresh = None;
-        if let Some(v) = job.validate {
+        if let Some(v) = job.reads.validate {
             let validated = self.validate(p, v);
             let goes_on = matches!(validated, Ok((None, _)));
             if let Ok((_, f)) = &validated {
@@ -146,7 +153,7 @@ impl Checker {
                 return c;
             }
         }
-        if let Some(known) = job.range {
+        if let Some(known) = job.reads.range {
             // The offsets the check just read, when it read them, serve here too.
             let range = fresh.or_else(|| {
                 self.log
@@ -162,7 +169,7 @@ impl Checker {
                 return c;
             }
         }
-        if let Some(earliest) = job.start {
+        if let Some(earliest) = job.reads.start {
             c.start = Some((job.from, self.stream_start(p, job.from, earliest)));
         }
         c

@@ -32,7 +32,7 @@ use madsim_tokio as tokio;
 use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Checkpoint, GroupName, LaneCheckpoint, Offset, Partition, TopicName};
 
-use super::checker::{Checked, Checker, Done, Job};
+use super::checker::{Checked, Checker, Done, Job, Reads};
 use super::client_log::{self, ClientLog, LoggedConsumer};
 use super::log::{lock, KafkaLog};
 use super::nudge::{self, StuckWatch, Verdict};
@@ -793,10 +793,10 @@ fn on_fetch(
     req: FetchRequest,
     checked: Option<Checked>,
 ) {
-    let mut checked = match checked {
-        Some(c) => c,
+    let (req, mut checked) = match checked {
+        Some(c) => (req, c),
         None => match overtake(ctx, req) {
-            Some(req) => return on_fetch(consumer, ctx, req, Some(Checked::default())),
+            Some(req) => (req, Checked::default()),
             None => return,
         },
     };
@@ -813,20 +813,24 @@ fn on_fetch(
     else {
         return not_assigned(ctx, req);
     };
-    let earliest = cached_earliest(ctx, req.partition);
+    // Where the stream must start is read for a fetch that moves it (or may, after a
+    // range check), unless read for this position already; the log's earliest is looked
+    // up only then, off the fetch's usual path.
+    let start = |c: &Checked, may_move: bool| {
+        if !may_move || c.start.is_some_and(|(f, _)| f == req.from) {
+            return None;
+        }
+        let earliest = cached_earliest(ctx, req.partition);
+        (req.from > earliest).then_some(earliest)
+    };
     // Every read this fetch may need, asked at once (one round trip in the usual case).
-    let start_for = |c: &Checked| c.start.map(|(f, _)| f) != Some(req.from) && req.from > earliest;
     if due.is_some() && checked.validated.is_none() {
-        let job = Job {
-            partition: req.partition,
-            number: 0,
+        let reads = Reads {
             validate: due,
             range: check.then_some(req.from.max(known)),
-            from: req.from,
-            start: (start_for(&checked) && (req.from < base || unchecked || check))
-                .then_some(earliest),
+            start: start(&checked, req.from < base || unchecked || check),
         };
-        return submit(ctx, req, checked, job, false);
+        return submit(ctx, req, checked, reads, false);
     }
     let fresh = match checked.validated.take() {
         None => None,
@@ -859,26 +863,19 @@ fn on_fetch(
         (true, Some(r), _) => Some(r),
         (true, None, Some(r)) => r,
         (true, None, None) => {
-            let job = Job {
-                partition: req.partition,
-                number: 0,
-                validate: None,
+            let reads = Reads {
                 range: Some(req.from.max(known)),
-                from: req.from,
-                start: start_for(&checked).then_some(earliest),
+                start: start(&checked, true),
+                ..Reads::default()
             };
-            return submit(ctx, req, checked, job, false);
+            return submit(ctx, req, checked, reads, false);
         }
     };
     let mut parts = lock(&ctx.parts);
-    let Some(part) = parts.get_mut(&req.partition) else {
+    let Some(part) = overtaken_in(&mut parts, req.partition) else {
         drop(parts);
         return not_assigned(ctx, req);
     };
-    if let Some(old) = part.fetch.take() {
-        // Overtaken: the core ignores the answer to the old fetch id anyway.
-        let _ = old.reply.send(LogRead::Decoded(Vec::new()));
-    }
     if let Some((earliest, end)) = range {
         part.check_range = false;
         // The partition's fetcher may have stopped at the error: restart it where asked.
@@ -896,20 +893,17 @@ fn on_fetch(
     }
     let reposition = req.from < part.base || part.start_unchecked;
     if reposition {
-        let at = match checked.start {
-            _ if req.from <= earliest => req.from,
-            Some((from, at)) if from == req.from => at,
-            _ => {
+        let at = match (checked.start, start(&checked, true)) {
+            (Some((from, at)), _) if from == req.from => at,
+            // At or below the log's earliest: nothing to skip.
+            (_, None) => req.from,
+            (_, Some(earliest)) => {
                 drop(parts);
-                let job = Job {
-                    partition: req.partition,
-                    number: 0,
-                    validate: None,
-                    range: None,
-                    from: req.from,
+                let reads = Reads {
                     start: Some(earliest),
+                    ..Reads::default()
                 };
-                return submit(ctx, req, checked, job, false);
+                return submit(ctx, req, checked, reads, false);
             }
         };
         if part.start_unchecked && !part.stalled && req.from == part.base && at == req.from {
@@ -966,13 +960,10 @@ fn on_fetch(
 /// out-of-range answer), and the core forgets from `end`.
 fn diverged(ctx: &GroupContext, req: FetchRequest, earliest: Offset, end: Offset) {
     let mut parts = lock(&ctx.parts);
-    let Some(part) = parts.get_mut(&req.partition) else {
+    let Some(part) = overtaken_in(&mut parts, req.partition) else {
         drop(parts);
         return not_assigned(ctx, req);
     };
-    if let Some(old) = part.fetch.take() {
-        let _ = old.reply.send(LogRead::Decoded(Vec::new()));
-    }
     part.validate = None;
     part.stalled = true;
     part.base = Offset::MAX;
@@ -984,6 +975,16 @@ fn diverged(ctx: &GroupContext, req: FetchRequest, earliest: Offset, end: Offset
     let earliest = earliest.min(req.from);
     tracing::warn!(group = %ctx.group, partition = req.partition, from = req.from, end, "the log diverged from what the lane knows (its tail was lost); the core forgets from there");
     let _ = req.reply.send(LogRead::OutOfRange { earliest, end });
+}
+
+/// `partition`'s part, the fetch waiting in it answered empty: the fetch now handled
+/// overtakes it (the core ignores the answer to an old fetch id anyway).
+fn overtaken_in(parts: &mut BTreeMap<Partition, Part>, partition: Partition) -> Option<&mut Part> {
+    let part = parts.get_mut(&partition)?;
+    if let Some(old) = part.fetch.take() {
+        let _ = old.reply.send(LogRead::Decoded(Vec::new()));
+    }
+    Some(part)
 }
 
 fn not_assigned(ctx: &GroupContext, req: FetchRequest) {
@@ -1014,15 +1015,19 @@ fn overtake(ctx: &GroupContext, req: FetchRequest) -> Option<FetchRequest> {
     None
 }
 
-/// Hands `job`'s reads to the checker thread; `req` waits for them with what earlier
-/// round trips found (`checked`). `expired`: the fetch waited its time and only the range
+/// Hands `reads` to the checker thread; `req` waits for them with what earlier round
+/// trips found (`checked`). `expired`: the fetch waited its time and only the range
 /// decides its answer ([`on_expired`]).
-fn submit(ctx: &GroupContext, req: FetchRequest, checked: Checked, mut job: Job, expired: bool) {
+fn submit(ctx: &GroupContext, req: FetchRequest, checked: Checked, reads: Reads, expired: bool) {
     let mut checking = lock(&ctx.checking);
     checking.next += 1;
-    job.number = checking.next;
-    let number = job.number;
-    let partition = req.partition;
+    let (number, partition) = (checking.next, req.partition);
+    let job = Job {
+        partition,
+        number,
+        from: req.from,
+        reads,
+    };
     let sent = lock(&ctx.jobs).as_ref().map(|jobs| jobs.send(job));
     if !matches!(sent, Some(Ok(()))) {
         let _ = req.reply.send(LogRead::Failed(
@@ -1298,15 +1303,11 @@ fn expire_fetches(ctx: &GroupContext) {
             // A fetch past the claimed end asks from where records were handed over: the
             // claim is checked against the log (off this thread) before it repositions
             // anything.
-            let job = Job {
-                partition: req.partition,
-                number: 0,
-                validate: None,
+            let reads = Reads {
                 range: Some(req.from),
-                from: req.from,
-                start: None,
+                ..Reads::default()
             };
-            submit(ctx, req, Checked::default(), job, true);
+            submit(ctx, req, Checked::default(), reads, true);
         } else {
             let _ = req.reply.send(LogRead::Decoded(Vec::new()));
         }
