@@ -15,8 +15,12 @@ use super::state::{
     bit, clip, newly_done, Emitted, EmittedLane, LaneState, NewlyDone, SlotState, Unread,
 };
 
-/// Unread checkpoints kept per lane ([`Checker::read_back`]).
-const UNREAD_PER_LANE: usize = 16;
+/// Unread checkpoints kept per lane ([`Checker::read_back`]). A reader may take one long
+/// after it was written: a claim (the checkpoint an assignment resumed from, written again
+/// under the new generation) carries it on from owner to owner while zombies' writes pile
+/// up outranked behind it — group seed 4643 read one 16 outranked writes later, after 16
+/// kept had forgotten it. Each is a few numbers (the checkpoint is the reader's).
+const UNREAD_PER_LANE: usize = 256;
 
 use super::world::passes;
 use super::{fail, Check, Checker, Clause, Violation};
@@ -156,12 +160,19 @@ impl Checker {
             .unread_of(group, p, (writer, incarnation, ticket, index))
             .cloned();
         let result = match unread {
-            Some(u) => self
-                .adoptable(&u.checkpoint, &u.lane, u.instance)
-                .and_then(|()| {
-                    self.apply_checkpoint(&u.checkpoint, &u.lane, u.instance, u.world_seq)
-                })
-                .map(|_| ()),
+            Some(u) => {
+                // The record holds what its writer wrote: the tap names a record's writer
+                // by the checkpoint it holds.
+                let c = LaneCheckpoint {
+                    group: group.clone(),
+                    topic: u.topic.clone(),
+                    partition: p,
+                    checkpoint: checkpoint.clone(),
+                };
+                self.adoptable(&c, &u.lane, u.instance)
+                    .and_then(|()| self.apply_checkpoint(&c, &u.lane, u.instance, u.world_seq))
+                    .map(|_| ())
+            }
             None => {
                 self.current = writer;
                 self.persist_lane_applied((incarnation, ticket), batch, index)
@@ -656,7 +667,7 @@ impl Checker {
             held.pop_front();
         }
         held.push_back(Unread {
-            checkpoint: c.clone(),
+            topic: c.topic.clone(),
             lane: lane.clone(),
             instance,
             incarnation,

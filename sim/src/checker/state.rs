@@ -384,7 +384,9 @@ pub(super) struct EmittedLane {
 /// writer emitted, to judge it should a reader take it anyway ([`super::Checker::read_back`]).
 #[derive(Clone, Debug)]
 pub(super) struct Unread {
-    pub(super) checkpoint: unimesh_core::LaneCheckpoint,
+    /// The lane's topic; the checkpoint is the one a reader takes (the harness names the
+    /// record by the checkpoint it holds).
+    pub(super) topic: unimesh_core::TopicName,
     pub(super) lane: EmittedLane,
     pub(super) instance: Instance,
     /// The persist it was in (tickets count again in every incarnation), and its position
