@@ -245,7 +245,52 @@ pub fn agent_with(ca: Option<&Path>, bearer: Option<&str>) -> ureq::Agent {
             },
         );
     }
-    config.build().into()
+    built(config.build())
+}
+
+/// An agent of `config` that resolves IP literals without a thread ([`Literal`]).
+fn built(config: ureq::config::Config) -> ureq::Agent {
+    ureq::Agent::with_parts(
+        config,
+        ureq::unversioned::transport::DefaultConnector::new(),
+        Literal(ureq::unversioned::resolver::DefaultResolver::default()),
+    )
+}
+
+/// ureq's resolver, except that an address that is an IP literal (as every address of
+/// these tests and of the load client is) is taken as it is. ureq resolves the host of
+/// every request, a pooled connection's too, and with a timeout set it does so on a new
+/// thread: a thread per request was most of the load client's CPU per one-event publish
+/// (`perf record -a` beside `examples/load --batch 1`: clone3, copy_process, do_exit,
+/// mprotect), CPU taken from the server on two cores.
+#[derive(Debug)]
+struct Literal(ureq::unversioned::resolver::DefaultResolver);
+
+impl ureq::unversioned::resolver::Resolver for Literal {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let port = uri.port_u16().or(match uri.scheme_str() {
+            Some("https") | Some("wss") => Some(443),
+            Some("http") | Some("ws") => Some(80),
+            _ => None,
+        });
+        let ip = uri
+            .host()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+            .and_then(|h| h.parse::<std::net::IpAddr>().ok());
+        match (ip, port) {
+            (Some(ip), Some(port)) => {
+                let mut addrs = self.empty();
+                addrs.push(std::net::SocketAddr::new(ip, port));
+                Ok(addrs)
+            }
+            _ => self.0.resolve(uri, config, timeout),
+        }
+    }
 }
 
 /// One request being built.
@@ -1048,12 +1093,13 @@ fn free_ports() -> (SocketAddr, SocketAddr) {
 
 /// An agent with a short timeout, for readiness probes.
 fn quick_agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .proxy(None)
-        .timeout_global(Some(Duration::from_secs(2)))
-        .build()
-        .into()
+    built(
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .proxy(None)
+            .timeout_global(Some(Duration::from_secs(2)))
+            .build(),
+    )
 }
 
 /// The media type of a batch-mode publish (and of a batched webhook push).
