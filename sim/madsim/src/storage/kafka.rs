@@ -239,6 +239,10 @@ impl Backend for KafkaBackend {
         })
     }
 
+    fn nodes(&self) -> Vec<madsim::task::NodeId> {
+        vec![self.broker_node.id(), self.tap_node.id()]
+    }
+
     fn lose_heartbeats(&self, world: &Arc<World>, node: usize, for_ms: u64) -> bool {
         self.coordinator(world).lose_heartbeats(node, for_ms);
         true

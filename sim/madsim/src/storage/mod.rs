@@ -65,6 +65,12 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(std::future::ready(()))
     }
 
+    /// The simulated nodes the backend made (a broker's, a tap's), killed with the run's
+    /// own at its end (see `run::simulate`).
+    fn nodes(&self) -> Vec<madsim::task::NodeId> {
+        Vec::new()
+    }
+
     /// Loses the heartbeats of mesh node `node` to the group coordinator for `for_ms`
     /// (while faults last), if the broker has one: the node runs on, and once its session
     /// expired it is a zombie until a heartbeat gets through. False when it has none.
