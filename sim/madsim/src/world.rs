@@ -43,16 +43,7 @@ use crate::tracker::Tracker;
 
 /// Whether an assignment a mesh node's mesh accepted (node, group, partition) is one the
 /// broker's group coordinator has overtaken since it sent it (see [`World::set_ownership`]).
-pub type Overtaken = Box<dyn Fn(usize, &GroupName, Partition) -> Ownership + Send + Sync>;
-
-/// How the broker's group coordinator sees an assignment a mesh acts on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ownership {
-    /// The partition is the acting node's member's.
-    Current,
-    /// Overtaken: the partition is the member's of this mesh node, or no member's.
-    Overtaken(Option<usize>),
-}
+pub type Overtaken = Box<dyn Fn(usize, &GroupName, Partition) -> bool + Send + Sync>;
 
 /// Which batch checkpoint wrote the record a mesh node resumed a lane from (group,
 /// partition, the checkpoint resumed from): mesh node, batch, position (see
@@ -162,7 +153,7 @@ struct Clock {
 /// whether the coordinator overtook the assignment, and which batch checkpoint wrote the
 /// record it resumes from.
 struct Taken {
-    stale: Vec<Ownership>,
+    stale: Vec<bool>,
     sources: Vec<Option<(usize, Arc<PersistBatch>, usize)>>,
 }
 
@@ -501,7 +492,7 @@ impl World {
                     .map(|a| {
                         overtaken
                             .as_ref()
-                            .map_or(Ownership::Current, |f| f(node, group, a.partition))
+                            .is_some_and(|f| f(node, group, a.partition))
                     })
                     .collect();
                 let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
@@ -1034,8 +1025,7 @@ impl Inner {
                     if a.checkpoint.is_some() {
                         self.counts.resumed_from_progress += 1;
                     }
-                    let ownership = taken.stale.get(i).copied().unwrap_or(Ownership::Current);
-                    let stale = ownership != Ownership::Current;
+                    let stale = taken.stale.get(i).copied().unwrap_or(false);
                     // What a member the coordinator still counts as the lane's owner read is
                     // judged as a read of the lane's durable state. What a zombie read is
                     // not (its writes rank below the live owner's, and a reader that takes
@@ -1055,11 +1045,7 @@ impl Inner {
                             "assigned-stale",
                             [u64::from(a.partition), a.end, g, 0],
                         );
-                        let holder = match ownership {
-                            Ownership::Overtaken(holder) => holder.map(|n| n as u32),
-                            Ownership::Current => None,
-                        };
-                        self.checker.assigned_stale(group, a.partition, holder);
+                        self.checker.assigned_stale(group, a.partition);
                     } else {
                         let g = self.tag(group);
                         // With several nodes: where the lane resumes (1 + the watermark).

@@ -8,7 +8,7 @@
 use unimesh_core::{Epoch, GroupName, Millis, Offset, Partition};
 
 use super::state::{bit, LaneState, Owner, Rec};
-use super::{fail, Check, Checker, Clause, Instance};
+use super::{fail, Check, Checker, Clause};
 
 impl Checker {
     /// A mesh incarnation of the selected instance starts with `epoch`.
@@ -104,24 +104,18 @@ impl Checker {
     /// has since overtaken (it handed the lane on in a later generation, or expelled the
     /// member, before the instance acted on it): the instance holds the lane as a zombie
     /// from the start — it may deliver (duplicates), nothing it writes may become durable.
-    /// The lane's owner, if its mesh took the lane already, stays the owner. `holder` is the
-    /// instance whose member the coordinator counts as the partition's owner now, if any:
-    /// one whose mesh holds the lane's newest stamp keeps it even when its mesh dropped the
-    /// lane already — its revocation is under way, and the overtaken assignment is older
-    /// than its (group seed 13603: a zombie acting on an assignment of generation 4 after
-    /// the owner of generation 5 dropped the lane fenced that owner's revocation commit,
-    /// which the coordinator rightly took in generation 5). Without a holder, the lane was
-    /// handed on later than its last owner's.
-    pub fn assigned_stale(&mut self, group: &GroupName, p: Partition, holder: Option<Instance>) {
+    /// The lane's owner, if its mesh took the lane already, stays the owner.
+    pub fn assigned_stale(&mut self, group: &GroupName, p: Partition) {
         let inst = self.current;
         let knows = self.truncations_of(group, p);
         let Some(lane) = self.lane_mut(group, p) else {
             return;
         };
         // A stamp below the lane's: fenced from the start (the owner keeps the lane's).
-        let current = lane.owners.iter().any(|(&i, o)| {
-            i != inst && o.stamp == lane.owner_stamp && (o.assigned || holder == Some(i))
-        });
+        let current = lane
+            .owners
+            .iter()
+            .any(|(&i, o)| i != inst && o.assigned && o.stamp == lane.owner_stamp);
         if !current {
             lane.owner_stamp += 1;
         }

@@ -35,7 +35,7 @@ use unimesh_core::{GroupName, Offset, Partition};
 use unimesh_shell::kafka::{MemberId, Rebalance, SimCoordinator};
 
 use crate::options::ClusterOptions;
-use crate::world::{Ownership, World};
+use crate::world::World;
 
 /// The coordinator's timing (simulated time).
 #[derive(Clone, Copy, Debug)]
@@ -135,24 +135,17 @@ impl Coordinator {
 
     /// Whether an assignment of `partition` of `group` that mesh node `node` acts on now was
     /// overtaken: the partition's owner here is no member of that node (its member was
-    /// expelled, or the partition handed on, since the assignment was sent) — and then the
-    /// node whose member owns it, if one does (its revocation may be under way).
-    pub fn ownership(&self, node: usize, group: &GroupName, partition: Partition) -> Ownership {
+    /// expelled, or the partition handed on, since the assignment was sent).
+    pub fn overtaken(&self, node: usize, group: &GroupName, partition: Partition) -> bool {
         let id = format!("{}{group}", self.group_prefix);
         let st = self.lock();
         let Some(g) = st.groups.get(&id) else {
-            return Ownership::Current;
+            return false;
         };
-        let owner = g
-            .owner
+        g.owner
             .get(&partition)
             .and_then(|m| g.members.get(m))
-            .map(|m| m.node);
-        if owner == Some(node) {
-            Ownership::Current
-        } else {
-            Ownership::Overtaken(owner)
-        }
+            .is_none_or(|m| m.node != node)
     }
 
     /// A handle of the coordinator for the members on mesh node `node`.

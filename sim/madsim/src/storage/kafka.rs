@@ -75,7 +75,7 @@ use unimesh_sim::Clause;
 use super::state::ReportingStore;
 use super::{Backend, Ports};
 use crate::options::Options;
-use crate::world::{violation, Ownership, World};
+use crate::world::{violation, World};
 
 const BROKER: ([u8; 4], u16) = ([10, 0, 9, 1], 9092);
 const TAP_IP: [u8; 4] = [10, 0, 9, 2];
@@ -154,7 +154,7 @@ impl KafkaBackend {
                 let weak = Arc::downgrade(&c);
                 world.set_ownership(Box::new(move |node, group, partition| {
                     weak.upgrade()
-                        .map_or(Ownership::Current, |c| c.ownership(node, group, partition))
+                        .is_some_and(|c| c.overtaken(node, group, partition))
                 }));
                 c
             })
