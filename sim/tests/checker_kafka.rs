@@ -325,6 +325,60 @@ fn seed_424_a_commit_emitted_before_a_seek_and_taken_after_it_does_not_use_the_s
     assert!(v.message.contains("commit went back 2 -> 1"), "{v}");
 }
 
+/// Goal: a commit is judged by the fence at its emission: Kafka's consumer sends the
+/// commits asked during a revocation when it ends, in the revocation's generation (group
+/// seed 13603: the owner of generation 5 dropped the lane, a zombie then acted on an
+/// assignment of generation 4, and the owner's revocation commit, which the coordinator
+/// rightly took, was judged fenced). Method: instance 0 makes offset 2 durable and emits
+/// its commit; it drops the lane and instance 1 acts on an overtaken assignment; the
+/// commit taken then stands. A commit instance 0 emits after instance 1 took the lane, or
+/// one taken with no emission noted, is a fenced owner's: a violation.
+#[test]
+fn seed_13603_a_commit_is_judged_by_the_fence_at_its_emission() {
+    let durable_at_2 = |c: &mut Checker| {
+        for o in 0..2 {
+            let id = deliver(c, o, &format!("e{o}"), 1);
+            ack(c, id);
+        }
+        c.persist_emitted(2, &checkpoint(2)).unwrap();
+        c.persist_applied(2, &checkpoint(2)).unwrap();
+        c.persist_notified(2);
+    };
+    let started = |c: &mut Checker, inst: u32| {
+        let epoch = PersistBatch {
+            epoch: Some(1),
+            ..PersistBatch::default()
+        };
+        let c = c.instance(inst);
+        c.started(0, 1).unwrap();
+        c.persist_emitted(1, &epoch).unwrap();
+        c.persist_applied(1, &epoch).unwrap();
+    };
+    // Emitted by the owner, taken after a zombie acted on an older assignment: stands.
+    let mut c = world(3, 0);
+    durable_at_2(&mut c);
+    c.commit_emitted(&group(), 0, 2);
+    c.revoked(0, &group(), 0);
+    started(&mut c, 1);
+    c.instance(1).assigned_stale(&group(), 0);
+    c.instance(0).committed(&group(), 0, 2).unwrap();
+    // Emitted after another instance took the lane: a zombie's commit.
+    let mut c = world(3, 0);
+    durable_at_2(&mut c);
+    start(&mut c, 1);
+    let c0 = c.instance(0);
+    c0.commit_emitted(&group(), 0, 2);
+    let v = c0.committed(&group(), 0, 2).unwrap_err();
+    assert_eq!(v.clause, Clause::C3, "{v}");
+    assert!(v.message.contains("must be fenced"), "{v}");
+    // Taken with no emission noted, after another instance took the lane: the same.
+    let mut c = world(3, 0);
+    durable_at_2(&mut c);
+    start(&mut c, 1);
+    let v = c.instance(0).committed(&group(), 0, 2).unwrap_err();
+    assert!(v.message.contains("must be fenced"), "{v}");
+}
+
 /// Goal: a late write read back is judged by what was true when it was written: a
 /// checkpoint written beside its record's dead letter stays justified after a replay's ACK
 /// resolved the entry (group seeds 85 and 197 with stream clients, where the checker

@@ -18,8 +18,9 @@ impl Checker {
     pub fn commit_emitted(&mut self, group: &GroupName, p: Partition, offset: Offset) {
         let inst = self.current;
         if let Some(lane) = self.groups.get_mut(group).and_then(|g| g.lanes.get_mut(&p)) {
-            let rewinds = lane.rewinds;
-            lane.owner(inst).commit_emitted = Some((offset, rewinds));
+            let (rewinds, stamp) = (lane.rewinds, lane.owner_stamp);
+            let o = lane.owner(inst);
+            o.commit_emitted = Some((offset, rewinds, o.fenced(stamp)));
         }
     }
 
@@ -41,7 +42,15 @@ impl Checker {
         };
         let stamp = lane.owner_stamp;
         let o = lane.owner(inst);
-        if o.fenced(stamp) {
+        // A commit emitted as taken is judged by the fence at its emission: Kafka's consumer
+        // holds the commits asked during a revocation and sends them when it ends, in the
+        // generation of the revocation, which the coordinator checks (group seed 13603: the
+        // owner of generation 5 dropped the lane, a zombie then acted on an assignment of
+        // generation 4, and the owner's revocation commit, which the coordinator rightly
+        // took in generation 5, was judged fenced). A commit emitted by a fenced owner (a
+        // zombie) is a violation whenever it is taken.
+        let emitted = o.commit_emitted.filter(|&(e, _, _)| e == offset);
+        if emitted.map_or_else(|| o.fenced(stamp), |(_, _, fenced)| fenced) {
             return fail(
                 Clause::C3,
                 format!("{group}/{p}: commit {offset} of instance {inst} accepted although the lane was given to another owner (it must be fenced)"),
@@ -60,10 +69,7 @@ impl Checker {
         // tail the committer had not heard of (a reader honouring leader epochs clips it).
         let unknown = truncations.get(o.knows..).unwrap_or(&[]);
         // The seeks before the commit's emission, when it was emitted as taken (else now).
-        let rewinds = o
-            .commit_emitted
-            .filter(|&(emitted, _)| emitted == offset)
-            .map_or(lane.rewinds, |(_, r)| r);
+        let rewinds = emitted.map_or(lane.rewinds, |(_, r, _)| r);
         let offset = unknown.iter().map(|t| t.new_end).fold(offset, Offset::min);
         if let Some(prev) = lane.committed {
             if offset < prev && lane.commit_rewinds >= rewinds {

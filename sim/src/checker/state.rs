@@ -195,10 +195,11 @@ pub(super) struct Owner {
     pub(super) must_report: Option<Offset>,
     /// The highest watermark of a checkpoint of this owner made durable (what it may commit).
     pub(super) applied_wm: Option<Offset>,
-    /// The offset of this owner's last commit as the mesh emitted it, and the lane's
-    /// [`LaneState::rewinds`] then (a broker that takes commits later, such as Kafka's
-    /// coordinator after a revocation, judges it by the seeks before its emission).
-    pub(super) commit_emitted: Option<(Offset, u32)>,
+    /// The offset of this owner's last commit as the mesh emitted it, the lane's
+    /// [`LaneState::rewinds`] then, and whether the owner was fenced then (a broker that
+    /// takes commits later, such as Kafka's coordinator after a revocation, judges it by
+    /// the seeks before its emission and by the fence at its emission).
+    pub(super) commit_emitted: Option<(Offset, u32, bool)>,
     /// Key order: the highest offset delivered per key in the current lease.
     pub(super) key_last: BTreeMap<String, (u64, Offset)>,
 }
