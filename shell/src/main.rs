@@ -364,10 +364,10 @@ async fn run(
         .await
         .map_err(|e| format!("cannot start the engine: {e}"))?;
     let subscriptions_watcher = match &kafka {
-        Some(k) => Some(unimesh_shell::kafka::watch_subscriptions(
-            k,
-            engine.clone(),
-        )?),
+        Some(k) => Some(
+            unimesh_shell::kafka::watch_subscriptions(k, engine.clone())
+                .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
 

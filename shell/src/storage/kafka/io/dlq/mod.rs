@@ -33,9 +33,10 @@ use unimesh_core::{
     DeadLetter, DlqKey, GroupName, Offset, Partition, Record, RecordMeta, TopicName,
 };
 
-use super::log::KafkaLog;
+use super::log::{in_context, KafkaLog};
 use super::records::{incoming, Outgoing};
 use crate::event::STRUCTURED_MEDIA_TYPE;
+use crate::storage::ports::StorageError;
 use crate::storage::state::DlqEntry;
 
 #[cfg(not(madsim))]
@@ -110,12 +111,13 @@ pub(super) async fn write(
     log: &KafkaLog,
     d: &DeadLetter,
     now_wall_ms: u64,
-) -> Result<super::log::Delivery, String> {
+) -> Result<super::log::Delivery, StorageError> {
     let topic = dlq_topic(d.topic.as_str(), d.key.group.as_str());
-    let name = TopicName::new(&topic).map_err(|e| format!("DLQ topic {topic}: {e}"))?;
+    let named = format!("DLQ topic {topic}");
+    let name = TopicName::new(&topic).map_err(|e| StorageError::failed(&named, e))?;
     log.topic_partitions(&name, true)
         .await
-        .map_err(|e| format!("DLQ topic {topic}: {e:?}"))?;
+        .map_err(|e| in_context(&named, e))?;
     let key = dlq_key(d.key.partition, d.key.offset, &record_id(&d.record));
     let reason = d.reason.to_string();
     let attempts = d.attempts.to_string();
@@ -141,7 +143,7 @@ pub(super) async fn write(
     log.inner
         .producer
         .send_result(record)
-        .map_err(|(e, _)| format!("cannot write the DLQ topic {topic}: {e}"))
+        .map_err(|(e, _)| StorageError::failed(&format!("cannot write the DLQ topic {topic}"), e))
 }
 
 /// Queues the tombstone of the entry of record `id` at `key` (its replay was ACKed).
@@ -150,14 +152,14 @@ pub(super) fn resolve(
     topic: &TopicName,
     key: &DlqKey,
     id: &str,
-) -> Result<super::log::Delivery, String> {
+) -> Result<super::log::Delivery, StorageError> {
     let t = dlq_topic(topic.as_str(), key.group.as_str());
     let k = dlq_key(key.partition, key.offset, id);
     let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&t).key(k.as_str());
     log.inner
         .producer
         .send_result(record)
-        .map_err(|(e, _)| format!("cannot write the DLQ topic {t}: {e}"))
+        .map_err(|(e, _)| StorageError::failed(&format!("cannot write the DLQ topic {t}"), e))
 }
 
 /// The dead letters of a group: per source coordinates, one entry per record, in the

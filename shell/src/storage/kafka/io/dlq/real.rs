@@ -19,13 +19,12 @@ pub async fn ledger(
     tokio::task::spawn_blocking(move || list(&log, &group, &topic))
         .await
         .map_err(|e| StorageError::failed("DLQ read failed", e))?
-        .map_err(StorageError::unavailable)
 }
 
 /// The dead letters of `group` (reading `topic`): the topic read to its end. Blocking:
 /// run it off the async workers. A topic the broker does not have: nothing was ever
 /// dead-lettered for the group.
-fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, String> {
+fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, StorageError> {
     let name = dlq_topic(topic.as_str(), group.as_str());
     let mut ledger = Ledger::default();
     whole::read(log, &name, &READER, &mut |m| {

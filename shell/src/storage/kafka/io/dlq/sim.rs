@@ -15,13 +15,15 @@ pub async fn ledger(
     group: GroupName,
     topic: TopicName,
 ) -> Result<Ledger, StorageError> {
-    list(&log, &group, &topic)
-        .await
-        .map_err(StorageError::unavailable)
+    list(&log, &group, &topic).await
 }
 
 /// The dead letters of `group` (reading `topic`), as `real.rs` reads them, under madsim.
-async fn list(log: &KafkaLog, group: &GroupName, topic: &TopicName) -> Result<Ledger, String> {
+async fn list(
+    log: &KafkaLog,
+    group: &GroupName,
+    topic: &TopicName,
+) -> Result<Ledger, StorageError> {
     let name = dlq_topic(topic.as_str(), group.as_str());
     let mut ledger = Ledger::default();
     whole::read(log, &name, &READER, &mut |m| {

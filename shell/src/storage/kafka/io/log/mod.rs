@@ -216,18 +216,9 @@ impl KafkaLog {
         ] {
             let topic = TopicName::new(name)
                 .map_err(|e| StorageError::Invalid(format!("the {what} topic: {e}")))?;
-            let named = |m: String| format!("cannot create the {what} topic {topic}: {m}");
             self.topic_partitions(&topic, true)
                 .await
-                .map_err(|e| match e {
-                    StorageError::TooLarge(m) => StorageError::TooLarge(named(m)),
-                    StorageError::Invalid(m) => StorageError::Invalid(named(m)),
-                    StorageError::Unavailable { what, source } => StorageError::Unavailable {
-                        what: named(what),
-                        source,
-                    },
-                    e @ StorageError::Fenced(_) => e,
-                })?;
+                .map_err(|e| in_context(&format!("cannot create the {what} topic {topic}"), e))?;
         }
         self.preload().await.map_err(StorageError::unavailable)?;
         Ok(())
@@ -392,6 +383,20 @@ impl KafkaLog {
 
     fn events(&self) -> Option<mpsc::Sender<GroupEvent>> {
         lock(&self.inner.events).clone()
+    }
+}
+
+/// `e` with `context` (what was being done) before its message: its kind and its source
+/// kept, so a caller's decisions on the kind (a 4xx or a 503, fenced) stay as they were.
+pub(super) fn in_context(context: &str, e: StorageError) -> StorageError {
+    match e {
+        StorageError::Invalid(m) => StorageError::Invalid(format!("{context}: {m}")),
+        StorageError::TooLarge(m) => StorageError::TooLarge(format!("{context}: {m}")),
+        StorageError::Unavailable { what, source } => StorageError::Unavailable {
+            what: format!("{context}: {what}"),
+            source,
+        },
+        StorageError::Fenced(m) => StorageError::Fenced(format!("{context}: {m}")),
     }
 }
 

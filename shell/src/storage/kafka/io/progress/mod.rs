@@ -828,16 +828,10 @@ impl StatePort for KafkaState {
             }
             // Dead letters and resolutions before the progress that counts them done.
             for d in &batch.dead_letters {
-                pending.push(
-                    super::dlq::write(&log, d, now_wall_ms)
-                        .await
-                        .map_err(StorageError::unavailable)?,
-                );
+                pending.push(super::dlq::write(&log, d, now_wall_ms).await?);
             }
             for (topic, key, id) in &resolved {
-                pending.push(
-                    super::dlq::resolve(&log, topic, key, id).map_err(StorageError::unavailable)?,
-                );
+                pending.push(super::dlq::resolve(&log, topic, key, id)?);
             }
             for (lane, stamp) in batch.checkpoints.iter().zip(&stamps) {
                 let (key, value, dropped) = progress_record(lane, stamp.gen, s.max_progress_ranges);

@@ -15,20 +15,20 @@ use crate::storage::kafka::io::client_log::{ClientLog, LoggedConsumer};
 use crate::storage::kafka::io::log::{block_on, KafkaLog};
 use crate::storage::kafka::io::whole;
 use crate::storage::kafka::io::ClientRole;
-use crate::storage::ports::SubscriptionSink;
+use crate::storage::ports::{StorageError, SubscriptionSink};
 
 /// The group definitions the topic holds, read to its end, ordered by group name: the
 /// newest record of each key, deletions and records that do not decode left out (logged,
 /// as the watcher does), read on a blocking thread.
-pub async fn definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, String> {
+pub async fn definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, StorageError> {
     let log = log.clone();
     tokio::task::spawn_blocking(move || read_definitions(&log))
         .await
-        .map_err(|e| format!("the read failed: {e}"))?
+        .map_err(|e| StorageError::failed("the read failed", e))?
 }
 
 /// [`definitions`], blocking.
-fn read_definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, String> {
+fn read_definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, StorageError> {
     let mut newest = Newest::new();
     let name = log.settings().subscriptions_topic.clone();
     whole::read(log, &name, &READER, &mut |m| take_newest(&mut newest, m))?;
@@ -42,7 +42,7 @@ fn read_definitions(log: &KafkaLog) -> Result<Vec<SubscriptionSpec>, String> {
 pub fn watch(
     log: &KafkaLog,
     engine: impl SubscriptionSink,
-) -> Result<std::thread::JoinHandle<()>, String> {
+) -> Result<std::thread::JoinHandle<()>, StorageError> {
     let s = log.settings();
     let topic = s.subscriptions_topic.clone();
     let mut c = s.client_config(ClientRole::Consumer);
@@ -58,19 +58,21 @@ pub fn watch(
         &runtime,
         c.create_with_context(ClientLog::new("subscriptions reader")),
     )
-    .map_err(|e| format!("cannot create the subscriptions reader: {e}"))?;
+    .map_err(|e| StorageError::failed("cannot create the subscriptions reader", e))?;
     let meta = block_on(
         &runtime,
         consumer.fetch_metadata(Some(&topic), s.request_timeout),
     )
-    .map_err(|e| format!("subscriptions topic metadata: {e}"))?;
+    .map_err(|e| StorageError::failed("subscriptions topic metadata", e))?;
     let n = meta
         .topics()
         .iter()
         .find(|t| t.name() == topic)
         .map_or(0, |t| t.partitions().len() as i32);
     if n == 0 {
-        return Err(format!("subscriptions topic {topic} has no partitions"));
+        return Err(StorageError::unavailable(format!(
+            "subscriptions topic {topic} has no partitions"
+        )));
     }
     let mut tpl = TopicPartitionList::new();
     for p in 0..n {
@@ -78,7 +80,7 @@ pub fn watch(
     }
     consumer
         .assign(&tpl)
-        .map_err(|e| format!("cannot read the subscriptions topic: {e}"))?;
+        .map_err(|e| StorageError::failed("cannot read the subscriptions topic", e))?;
     let consumer = Arc::new(consumer);
     let watcher = std::thread::Builder::new()
         .name("kafka-subscriptions".into())
@@ -110,6 +112,6 @@ pub fn watch(
                 runtime.block_on(engine.apply_shared(group, value));
             }
         })
-        .map_err(|e| format!("cannot start the subscriptions watcher: {e}"))?;
+        .map_err(|e| StorageError::failed("cannot start the subscriptions watcher", e))?;
     Ok(watcher)
 }

@@ -12,6 +12,7 @@ use super::{Reader, Unclaimed};
 use crate::storage::kafka::io::client_log::{ClientLog, LoggedConsumer};
 use crate::storage::kafka::io::log::KafkaLog;
 use crate::storage::kafka::io::ClientRole;
+use crate::storage::ports::StorageError;
 
 /// Hands every record of topic `name` to `visit`, in offset order per partition, until
 /// the end (see the module documentation). A topic the broker does not have reads as
@@ -21,7 +22,7 @@ pub fn read(
     name: &str,
     who: &Reader<'_>,
     visit: &mut dyn FnMut(&BorrowedMessage<'_>),
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let s = log.settings();
     let what = who.what;
     let runtime = &log.inner.side.runtime;
@@ -32,10 +33,10 @@ pub fn read(
         .set("auto.offset.reset", "earliest");
     let consumer: LoggedConsumer = runtime
         .block_on(c.create_with_context(ClientLog::new(who.role)))
-        .map_err(|e| format!("cannot create the {}: {e}", who.role))?;
+        .map_err(|e| StorageError::failed(&format!("cannot create the {}", who.role), e))?;
     let meta = runtime
         .block_on(consumer.fetch_metadata(Some(name), s.request_timeout))
-        .map_err(|e| format!("{what} metadata: {e}"))?;
+        .map_err(|e| StorageError::failed(&format!("{what} metadata"), e))?;
     let n = meta
         .topics()
         .iter()
@@ -55,13 +56,13 @@ pub fn read(
                 tracing::warn!(topic = %name, partition = p, error = %e, "the broker did not say where the {what} ends; reading until this reader's own fetches reach its end");
                 0
             }
-            Err(e) => return Err(format!("{what} offsets: {e}")),
+            Err(e) => return Err(StorageError::failed(&format!("{what} offsets"), e)),
         };
         highs.insert(p, hi);
     }
     consumer
         .assign(&tpl)
-        .map_err(|e| format!("cannot read the {what}: {e}"))?;
+        .map_err(|e| StorageError::failed(&format!("cannot read the {what}"), e))?;
     let mut at_end = std::collections::BTreeSet::new();
     let deadline = Instant::now() + s.request_timeout;
     loop {
@@ -77,14 +78,16 @@ pub fn read(
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("the {what} {name} could not be read to its end"));
+            return Err(StorageError::unavailable(format!(
+                "the {what} {name} could not be read to its end"
+            )));
         }
         match consumer.poll(Duration::from_millis(20)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p);
             }
-            Some(Err(e)) => return Err(format!("{what} read: {e}")),
+            Some(Err(e)) => return Err(StorageError::failed(&format!("{what} read"), e)),
             Some(Ok(m)) => {
                 at_end.remove(&m.partition());
                 visit(&m);

@@ -11,6 +11,7 @@ use super::Reader;
 use crate::storage::kafka::io::client_log::{ClientLog, LoggedConsumer};
 use crate::storage::kafka::io::log::KafkaLog;
 use crate::storage::kafka::io::ClientRole;
+use crate::storage::ports::StorageError;
 
 /// `real.rs`'s `read` under madsim: the simulated consumer polls asynchronously and has no
 /// `position` (the offsets of what it returned tell how far it read).
@@ -19,7 +20,7 @@ pub async fn read(
     name: &str,
     who: &Reader<'_>,
     visit: &mut (dyn FnMut(&BorrowedMessage<'_>) + Send),
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let s = log.settings();
     let what = who.what;
     // The simulated broker takes no `group.id`, and always answers an end offset: the
@@ -32,7 +33,7 @@ pub async fn read(
     let consumer: LoggedConsumer = c
         .create_with_context(ClientLog::new(who.role))
         .await
-        .map_err(|e| format!("cannot create the {}: {e}", who.role))?;
+        .map_err(|e| StorageError::failed(&format!("cannot create the {}", who.role), e))?;
     let n = match consumer.fetch_metadata(Some(name), s.request_timeout).await {
         Ok(meta) => meta
             .topics()
@@ -52,12 +53,12 @@ pub async fn read(
         let (_, hi) = consumer
             .fetch_watermarks(name, p, s.request_timeout)
             .await
-            .map_err(|e| format!("{what} offsets: {e}"))?;
+            .map_err(|e| StorageError::failed(&format!("{what} offsets"), e))?;
         highs.insert(p, hi);
     }
     consumer
         .assign(&tpl)
-        .map_err(|e| format!("cannot read the {what}: {e}"))?;
+        .map_err(|e| StorageError::failed(&format!("cannot read the {what}"), e))?;
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     let deadline = tokio::time::Instant::now() + s.request_timeout;
     loop {
@@ -68,13 +69,15 @@ pub async fn read(
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("the {what} {name} could not be read to its end"));
+            return Err(StorageError::unavailable(format!(
+                "the {what} {name} could not be read to its end"
+            )));
         }
         let Some(polled) = consumer.poll(Duration::from_millis(20)).await else {
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         };
-        let m = polled.map_err(|e| format!("{what} read: {e}"))?;
+        let m = polled.map_err(|e| StorageError::failed(&format!("{what} read"), e))?;
         next.insert(m.partition(), m.offset() + 1);
         visit(&m);
     }
