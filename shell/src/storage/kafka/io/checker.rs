@@ -23,6 +23,7 @@ use super::log::KafkaLog;
 use super::probe::EpochProbe;
 use crate::storage::kafka::rules::epochs::{divergence, evident_end};
 use crate::storage::kafka::rules::part::{Span, Validate};
+use crate::storage::ports::StorageError;
 
 /// What a check of a lane against the log found: the log's (earliest, divergence point)
 /// when it diverged, and the log's (earliest, end) when the check read them afresh.
@@ -57,7 +58,7 @@ pub(super) struct Job {
 /// The answers of a [`Job`] (each `None` when not asked or not reached).
 #[derive(Debug, Default)]
 pub(super) struct Checked {
-    pub validated: Option<Result<Validated, String>>,
+    pub validated: Option<Result<Validated, StorageError>>,
     /// The log's (earliest, end); `Some(None)`: it could not be read (no verdict).
     pub range: Option<Option<Span>>,
     /// (position, where the stream starts for it).
@@ -176,7 +177,7 @@ impl Checker {
     }
 
     /// The probe, made when first needed.
-    fn probe(&mut self) -> Result<&EpochProbe, String> {
+    fn probe(&mut self) -> Result<&EpochProbe, StorageError> {
         if self.probe.is_none() {
             let made = self
                 .log
@@ -188,7 +189,7 @@ impl Checker {
         }
         self.probe
             .as_ref()
-            .ok_or_else(|| "no leader-epoch probe".to_owned())
+            .ok_or_else(|| StorageError::unavailable("no leader-epoch probe"))
     }
 
     /// Where to read `partition` from so that the stream holds every record at or after
@@ -229,7 +230,7 @@ impl Checker {
 
     /// Checks what a lane knows against the log ([`divergence`]); an error when the log
     /// could not be read (the check stays due).
-    fn validate(&mut self, partition: Partition, v: Validate) -> Result<Validated, String> {
+    fn validate(&mut self, partition: Partition, v: Validate) -> Result<Validated, StorageError> {
         let (earliest, claimed) = match v.range {
             Some(r) => r,
             None => self
@@ -238,12 +239,7 @@ impl Checker {
                 .side
                 .runtime
                 .block_on(self.log.watermarks(&self.topic, partition))
-                .map_err(|e| {
-                    format!(
-                        "cannot read the offsets of {}/{partition}: {e:?}",
-                        self.topic
-                    )
-                })?,
+                .map_err(StorageError::unavailable)?,
         };
         let started = Instant::now();
         let mut reads = 0u32;
@@ -257,7 +253,7 @@ impl Checker {
             reads += 1;
             match probe {
                 Some(p) => p.first_at(topic.as_str(), partition, o, earliest, Some(end)),
-                None => Err("no leader-epoch probe".to_owned()),
+                None => Err(StorageError::unavailable("no leader-epoch probe")),
             }
         })?;
         tracing::debug!(group = %self.group, partition, stamp = ?v.stamp, known_end = v.known_end, earliest, claimed, end, diverged_at = ?d, reads, elapsed_ms = started.elapsed().as_millis() as u64, "lane checked against the log");
@@ -276,7 +272,7 @@ impl Checker {
         (earliest, claimed): Span,
         known_end: Offset,
         reads: &mut u32,
-    ) -> Result<Offset, String> {
+    ) -> Result<Offset, StorageError> {
         if claimed >= known_end {
             return Ok(claimed);
         }

@@ -844,7 +844,7 @@ fn on_fetch(
             {
                 v.range = None;
             }
-            let _ = req.reply.send(LogRead::Failed(e));
+            let _ = req.reply.send(LogRead::Failed(e.to_string()));
             return;
         }
         Some(Ok((Some((earliest, end)), _))) => return diverged(ctx, req, earliest, end),

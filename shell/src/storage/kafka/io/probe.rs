@@ -13,6 +13,7 @@ use unimesh_core::{Offset, Partition};
 
 use crate::storage::kafka::rules::epochs::{read_looking_back, FirstRecord, Read};
 use crate::storage::kafka::{ClientRole, KafkaSettings};
+use crate::storage::ports::StorageError;
 
 /// The leader epoch of a record's batch, `None` when the broker reports none.
 pub fn leader_epoch(m: &BorrowedMessage<'_>) -> Option<i32> {
@@ -46,7 +47,7 @@ pub struct EpochProbe {
 }
 
 impl EpochProbe {
-    pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
+    pub async fn new(settings: &KafkaSettings) -> Result<Self, StorageError> {
         let mut c = settings.client_config(ClientRole::Consumer);
         c.set("group.id", format!("{}epoch-probe", settings.group_prefix))
             // Named apart from the instance's other clients (in the broker's logs and
@@ -62,7 +63,7 @@ impl EpochProbe {
         let consumer: LoggedConsumer = c
             .create_with_context(ClientLog::new("leader-epoch probe"))
             .await
-            .map_err(|e| format!("cannot create the leader-epoch probe: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot create the leader-epoch probe", e))?;
         Ok(Self {
             consumer,
             timeout: settings.request_timeout,
@@ -82,7 +83,7 @@ impl EpochProbe {
         from: Offset,
         earliest: Offset,
         end: Option<Offset>,
-    ) -> Result<FirstRecord, String> {
+    ) -> Result<FirstRecord, StorageError> {
         if end.is_some_and(|end| from >= end) {
             return Ok(None);
         }
@@ -98,7 +99,7 @@ impl EpochProbe {
         from: Offset,
         earliest: Offset,
         end: Offset,
-    ) -> Result<Option<(Offset, Option<i64>)>, String> {
+    ) -> Result<Option<(Offset, Option<i64>)>, StorageError> {
         if from >= end {
             return Ok(None);
         }
@@ -118,7 +119,7 @@ impl EpochProbe {
         from: Offset,
         earliest: Offset,
         end: Option<Offset>,
-    ) -> Result<Read, String> {
+    ) -> Result<Read, StorageError> {
         read_looking_back(from, earliest, |at, target| {
             self.scan(topic, partition, at, target, earliest, end.is_none())
                 .map(|(first, hit)| (first, hit.map(|h| (h.offset, h.epoch))))
@@ -163,7 +164,7 @@ impl EpochProbe {
         target: Offset,
         earliest: Offset,
         unbounded: bool,
-    ) -> Result<(Option<Offset>, Option<Hit>), String> {
+    ) -> Result<(Option<Offset>, Option<Hit>), StorageError> {
         // Whatever an earlier probe left queued is not an answer to this one
         // (librdkafka drops what an unassign outdated; this makes sure, bounded).
         for _ in 0..MAX_STALE_POLLS {
@@ -171,21 +172,22 @@ impl EpochProbe {
                 break;
             }
         }
+        let probing = || format!("leader-epoch probe of {topic}/{partition}");
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition as i32, KOffset::Offset(from as i64))
-            .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
+            .map_err(|e| StorageError::failed(&probing(), e))?;
         self.consumer
             .assign(&tpl)
-            .map_err(|e| format!("leader-epoch probe of {topic}/{partition}: {e}"))?;
+            .map_err(|e| StorageError::failed(&probing(), e))?;
         let deadline = Instant::now() + self.timeout;
         let mut first = None;
         let mut quiet_since = Instant::now();
         let answer = loop {
             if Instant::now() > deadline {
-                break Err(format!(
+                break Err(StorageError::unavailable(format!(
                     "leader-epoch probe of {topic}/{partition} at {from}: no answer within {:?}",
                     self.timeout
-                ));
+                )));
             }
             match self.consumer.poll(Duration::from_millis(20)) {
                 None if quiet_since.elapsed() >= QUIET => {
@@ -195,9 +197,9 @@ impl EpochProbe {
                             break Ok((None, None))
                         }
                         Some(high) if first.is_none() => {
-                            break Err(format!(
+                            break Err(StorageError::unavailable(format!(
                                 "leader-epoch probe of {topic}/{partition} at {from}: the broker returns nothing below its high watermark {high}"
-                            ))
+                            )))
                         }
                         _ => {}
                     }
@@ -219,8 +221,9 @@ impl EpochProbe {
                     break Ok((first, None))
                 }
                 Some(Err(e)) => {
-                    break Err(format!(
-                        "leader-epoch probe of {topic}/{partition} at {from}: {e}"
+                    break Err(StorageError::failed(
+                        &format!("leader-epoch probe of {topic}/{partition} at {from}"),
+                        e,
                     ))
                 }
                 // Anything else is left over from an earlier probe.

@@ -13,6 +13,7 @@
 use std::sync::{Arc, Mutex};
 
 use madsim_rdkafka::consumer::{BaseConsumer, Consumer};
+use madsim_rdkafka::error::KafkaError;
 use madsim_rdkafka::{Offset as KOffset, TopicPartitionList};
 use madsim_tokio as tokio;
 use unimesh_core::{Offset, Partition, TopicName};
@@ -39,6 +40,19 @@ pub(super) enum Found {
     AfterEnd,
 }
 
+/// Why the broker gave no answer for one partition (the seek then searches the records).
+#[derive(Clone, Debug, thiserror::Error)]
+pub(super) enum NoClaim {
+    #[error("offsets-for-times failed: {0}")]
+    Failed(#[source] KafkaError),
+    #[error("the answer names no such partition")]
+    NoSuchPartition,
+    #[error("offsets-for-times refused: {0}")]
+    Refused(#[source] KafkaError),
+    #[error("answered {0:?}")]
+    NotAnOffset(KOffset),
+}
+
 /// Where a seek by time goes, and whether the broker's claim held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Resolved {
@@ -54,15 +68,13 @@ impl TimeLookup {
                 c.set("group.id", format!("{}time-lookup", settings.group_prefix))
                     .set("enable.auto.commit", "false");
                 c.create().await.map_err(|e| {
-                    StorageError::unavailable(format!(
-                        "cannot create the Kafka time-lookup client: {e}"
-                    ))
+                    StorageError::failed("cannot create the Kafka time-lookup client", e)
                 })
             })
             .await
     }
 
-    /// What the broker claims for `time_ms` in `topic`/`partition`; `Err` names why it
+    /// What the broker claims for `time_ms` in `topic`/`partition`; [`NoClaim`] says why it
     /// gave no answer.
     pub(super) async fn claim(
         &self,
@@ -70,7 +82,7 @@ impl TimeLookup {
         topic: &TopicName,
         partition: Partition,
         time_ms: u64,
-    ) -> Result<Result<Found, String>, StorageError> {
+    ) -> Result<Result<Found, NoClaim>, StorageError> {
         let consumer = self.consumer(settings).await?;
         let at = i64::try_from(time_ms).unwrap_or(i64::MAX);
         let mut tpl = TopicPartitionList::new();
@@ -81,15 +93,15 @@ impl TimeLookup {
             .await
         {
             Ok(a) => a,
-            Err(e) => return Ok(Err(format!("offsets-for-times failed: {e}"))),
+            Err(e) => return Ok(Err(NoClaim::Failed(e))),
         };
         let Some(elem) = answer.find_partition(topic.as_str(), partition as i32) else {
-            return Ok(Err("the answer names no such partition".into()));
+            return Ok(Err(NoClaim::NoSuchPartition));
         };
         if let Err(e) = elem.error() {
-            return Ok(Err(format!("offsets-for-times refused: {e}")));
+            return Ok(Err(NoClaim::Refused(e)));
         }
-        Ok(found(elem.offset()).ok_or_else(|| format!("answered {:?}", elem.offset())))
+        Ok(found(elem.offset()).ok_or(NoClaim::NotAnOffset(elem.offset())))
     }
 
     /// Checks `claim` against the records of `[earliest, end)` and searches them when it
@@ -110,9 +122,7 @@ impl TimeLookup {
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
         if !made {
-            let probe = EpochProbe::new(settings)
-                .await
-                .map_err(StorageError::unavailable)?;
+            let probe = EpochProbe::new(settings).await?;
             self.probe
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -123,16 +133,14 @@ impl TimeLookup {
         crate::storage::spawn_blocking(move || {
             let guard = probe.lock().unwrap_or_else(|p| p.into_inner());
             let Some(probe) = guard.as_ref() else {
-                return Err("the time-lookup probe is gone".to_owned());
+                return Err(StorageError::unavailable("the time-lookup probe is gone"));
             };
             resolve(claim, earliest, end, time_ms, |o| {
                 probe.first_stamped_at(topic.as_str(), partition, o, earliest, end)
             })
         })
         .await
-        .map_err(|e| format!("the time-lookup task failed: {e}"))
-        .and_then(|r| r)
-        .map_err(StorageError::unavailable)
+        .map_err(|e| StorageError::failed("the time-lookup task failed", e))?
     }
 }
 
