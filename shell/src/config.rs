@@ -282,8 +282,8 @@ pub struct Push {
     /// The mesh's own listeners never. Checked at `PUT` (IP literals, listed names) and
     /// after DNS resolution at every push (the connection goes to the checked address).
     pub allowed_hosts: String,
-    /// How often the pushers are matched to the subscriptions (a new or changed `push.url`
-    /// starts pushing within this).
+    /// How often the pushers are matched to the subscriptions: a `push.url` written through
+    /// this mesh's API starts pushing at once, one another instance wrote within this.
     pub scan_interval_ms: NonZeroU64,
 }
 

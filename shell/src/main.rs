@@ -399,6 +399,7 @@ async fn run(
         engine.clone(),
         cfg.push.clone(),
         app.push_targets.clone(),
+        app.push_wake.clone(),
     ));
     let mut engine_task = engine_task;
     let mut engine_ended = false;

@@ -95,6 +95,26 @@ fn a_deferred_push_waits_for_retry_after_then_is_acked() {
         .is_some_and(|id| id.split('.').count() == 5));
 }
 
+/// Goal: a subscription written through the API starts pushing at once, not at the next
+/// scan of the subscriptions (which held a new group's first deliveries up to
+/// `push.scan_interval_ms`, 500 ms by default). Method: the scan runs once an hour; the
+/// first push must still come (before the change it came an hour later: the test's wait
+/// ran out).
+#[test]
+fn a_new_push_subscription_pushes_without_waiting_for_the_scan() {
+    let s = Server::start(Options::new().toml(
+        "[mesh]\nflush_interval_ms = 20\n[push]\nscan_interval_ms = 3600000\nallowed_hosts = \"127.0.0.1\"\n",
+    ));
+    let hook = Hook::start(|_, _| HookAnswer::status(200));
+    push_group(&s, "g", "t", &hook.url("/in"), json!({}));
+    published(
+        &s.publish_structured("t", &event("first", "t", json!({"n": 1}))),
+        1,
+    );
+    wait_for("the first push", WAIT, || (hook.count() >= 1).then_some(()));
+    assert_eq!(hook.requests()[0].event_id(), "first");
+}
+
 /// Goal: a subscriber that always fails gets `maxAttempts` pushes, then the event is
 /// dead-lettered exactly once, browsable, and replayable (the replay is pushed and ACKed).
 #[test]

@@ -79,6 +79,9 @@ pub struct App {
     pub replies: reply::Replies,
     /// The web console's live feed (`/admin/events`).
     pub console: console::Console,
+    /// Told when a subscription is written or deleted here: the webhook supervisor looks
+    /// at once ([`push::supervise`]).
+    pub push_wake: Arc<tokio::sync::Notify>,
 }
 
 impl App {
@@ -103,6 +106,7 @@ impl App {
             streams: Arc::new(Semaphore::new(config.server.max_streams.get())),
             replies: reply::Replies::new(config.limits.max_pending_requests.get()),
             console: console::Console::new(config.server.console_interval_ms),
+            push_wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
 

@@ -198,6 +198,7 @@ pub(super) async fn put_subscription(
         }
     }
     let created = app.engine.subscribe(spec.clone()).await?;
+    app.push_wake.notify_one();
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -256,6 +257,7 @@ pub(super) async fn delete_subscription(
     _: Params<NoParams>,
 ) -> Result<Json<DeleteAnswer>, ApiError> {
     app.engine.unsubscribe(&group).await?;
+    app.push_wake.notify_one();
     Ok(Json(DeleteAnswer {
         group: group.as_str().to_owned(),
         deleted: true,

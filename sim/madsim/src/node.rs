@@ -97,6 +97,8 @@ pub async fn node_main(world: Arc<World>, backend: Arc<dyn Backend>, node: usize
             crate::webhook::config(run),
             Arc::new(TargetPolicy::default()),
             connect,
+            // The harness writes subscriptions through the engine, not the HTTP API.
+            Arc::new(tokio::sync::Notify::new()),
         ));
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();

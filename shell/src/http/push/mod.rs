@@ -19,9 +19,10 @@
 //!   `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`), so the
 //!   receiver can tell the mesh from anyone else and refuse replays of old requests.
 //!
-//! The supervisor looks at the subscriptions every `push.scan_interval_ms` and starts,
-//! restarts (the URL changed) or forgets pushers; a pusher ends when the engine ends its
-//! session (group deleted, mesh stopping).
+//! The supervisor looks at the subscriptions every `push.scan_interval_ms`, and at once
+//! when a subscription is written or deleted through this mesh's API, and starts, restarts
+//! (the URL changed) or forgets pushers; a pusher ends when the engine ends its session
+//! (group deleted, mesh stopping).
 //!
 //! The HTTP exchange itself is behind [`Post`]: `client.rs` (hyper's client on the checked
 //! resolver) in the binary; under madsim, where hyper's connector cannot run (it is tokio's
@@ -41,6 +42,7 @@ use http::header::HeaderValue;
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 use madsim_tokio as tokio;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 use unimesh_core::{ClientId, Delivery, GroupName};
@@ -99,14 +101,20 @@ pub const WEBHOOK_TIMESTAMP_HEADER: &str = "webhook-timestamp";
 pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
 
 /// Runs the pushers of every group with `push.url` until the engine stops, over HTTP
-/// (hyper's client, connecting only to addresses `policy` lets through).
+/// (hyper's client, connecting only to addresses `policy` lets through). `wake` says a
+/// subscription was written or deleted: the next look is at once, not at the next scan.
 #[cfg(not(madsim))]
-pub async fn supervise(engine: EngineHandle, config: PushConfig, policy: Arc<TargetPolicy>) {
+pub async fn supervise(
+    engine: EngineHandle,
+    config: PushConfig,
+    policy: Arc<TargetPolicy>,
+    wake: Arc<Notify>,
+) {
     let checked = policy.clone();
     let connect: Connect = Arc::new(move |target: &PushTarget, config: &PushConfig| {
         Arc::new(client::HyperPost::new(checked.clone(), config, target)) as Arc<dyn Post>
     });
-    supervise_with(engine, config, policy, connect).await;
+    supervise_with(engine, config, policy, connect, wake).await;
 }
 
 /// [`supervise`] with each pusher's HTTP exchange made by `connect`.
@@ -115,6 +123,7 @@ pub async fn supervise_with(
     config: PushConfig,
     policy: Arc<TargetPolicy>,
     connect: Connect,
+    wake: Arc<Notify>,
 ) {
     let mut running: BTreeMap<GroupName, (PushTarget, JoinHandle<()>)> = BTreeMap::new();
     let every = Duration::from_millis(config.scan_interval_ms.get());
@@ -145,7 +154,15 @@ pub async fn supervise_with(
                 running.insert(group, (target, job));
             }
         }
-        tokio::time::sleep(every).await;
+        // A subscription written here starts pushing at once: waiting for the scan held a
+        // new group's first deliveries up to `scan_interval_ms` (the comparison's webhook
+        // rows: publish->ACK p99 near 0.5 s, from their first events). Biased: an unbiased
+        // select draws from a generator the madsim harness cannot seed.
+        tokio::select! {
+            biased;
+            () = wake.notified() => {}
+            () = tokio::time::sleep(every) => {}
+        }
     }
 }
 
