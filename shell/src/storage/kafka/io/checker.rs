@@ -238,8 +238,7 @@ impl Checker {
                 .inner
                 .side
                 .runtime
-                .block_on(self.log.watermarks(&self.topic, partition))
-                .map_err(StorageError::unavailable)?,
+                .block_on(self.log.watermarks(&self.topic, partition))?,
         };
         let started = Instant::now();
         let mut reads = 0u32;

@@ -43,7 +43,7 @@ use super::ClientRole;
 use crate::storage::kafka::rules::part::{self, Span, Validate};
 use crate::storage::kafka::rules::revoke::{Ask, Revocation};
 use crate::storage::kafka::rules::{assign, Rebalance};
-use crate::storage::ports::{GroupEvent, LogRead};
+use crate::storage::ports::{GroupEvent, LogRead, StorageError};
 use madsim_rdkafka::producer::FutureRecord;
 
 /// How long the consumer thread sleeps in a poll when nothing happens.
@@ -89,13 +89,13 @@ impl GroupConsumer {
         group: GroupName,
         topic: TopicName,
         events: mpsc::Sender<GroupEvent>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StorageError> {
         let (control, rx) = std_mpsc::channel();
         let (jobs, jobs_rx) = std_mpsc::channel();
         let (done, done_rx) = std_mpsc::channel();
         Checker::new(log.clone(), group.clone(), topic.clone())
             .spawn(jobs_rx, done)
-            .map_err(|e| format!("cannot start the checker thread: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot start the checker thread", e))?;
         let s = log.settings();
         let mut config = s.client_config(ClientRole::Consumer);
         config
@@ -159,13 +159,22 @@ impl GroupConsumer {
         // No broker round trip: librdkafka's `rd_kafka_new` only sets the client up (its
         // threads connect later), so the engine's task creating it does not wait on the broker.
         let consumer: BaseConsumer<GroupContext> = run_now(config.create_with_context(ctx))
-            .ok_or_else(|| format!("the Kafka consumer of group {group} was not created at once"))?
-            .map_err(|e| format!("cannot create the Kafka consumer of group {group}: {e}"))?;
+            .ok_or_else(|| {
+                StorageError::unavailable(format!(
+                    "the Kafka consumer of group {group} was not created at once"
+                ))
+            })?
+            .map_err(|e| {
+                StorageError::failed(
+                    &format!("cannot create the Kafka consumer of group {group}"),
+                    e,
+                )
+            })?;
         let consumer = Arc::new(consumer);
         let _ = consumer.context().me.set(Arc::downgrade(&consumer));
-        consumer
-            .subscribe(&[topic.as_str()])
-            .map_err(|e| format!("cannot subscribe group {group} to {topic}: {e}"))?;
+        consumer.subscribe(&[topic.as_str()]).map_err(|e| {
+            StorageError::failed(&format!("cannot subscribe group {group} to {topic}"), e)
+        })?;
         // Every line the thread logs (rebalances included) carries its group and topic.
         let (g, t) = (group.clone(), topic.clone());
         let thread = std::thread::Builder::new()
@@ -174,7 +183,7 @@ impl GroupConsumer {
                 let span = tracing::info_span!("kafka_consumer", group = %g, topic = %t);
                 span.in_scope(|| run(consumer))
             })
-            .map_err(|e| format!("cannot start the consumer thread: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot start the consumer thread", e))?;
         tracing::info!(%group, %topic, "Kafka consumer joined the group");
         Ok(Self {
             control,
@@ -493,7 +502,7 @@ impl GroupContext {
             return;
         }
         let log = &self.log;
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..OFFSET_READS {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(100 << attempt));
@@ -505,9 +514,10 @@ impl GroupContext {
                 .block_on(super::progress::claim(log, claims, gen))
             {
                 Ok(()) => return,
-                Err(e) => last = e,
+                Err(e) => last = Some(e),
             }
         }
+        let Some(last) = last else { return };
         tracing::error!(group = %self.group, error = %last, "cannot claim the assigned partitions in the progress topic; a late write of their earlier owner may rank above what they resumed from");
     }
 
@@ -1097,7 +1107,7 @@ fn recheck(ctx: &GroupContext, partitions: Option<&[Partition]>, dropped: bool) 
 /// Writes this instance's sync marker to the progress topic's home partition and answers
 /// its offset: the reader reads at least past it, so every progress record acknowledged
 /// before it is read, whatever end the broker claims ([`SYNC_KEY_PREFIX`]).
-async fn sync_marker(log: &KafkaLog) -> Result<i64, String> {
+async fn sync_marker(log: &KafkaLog) -> Result<i64, StorageError> {
     let s = log.settings();
     let key = format!("{SYNC_KEY_PREFIX}{}", s.instance);
     let record = FutureRecord::to(&s.progress_topic)
@@ -1107,30 +1117,33 @@ async fn sync_marker(log: &KafkaLog) -> Result<i64, String> {
     match log.inner.producer.send_result(record) {
         Ok(f) => match f.await {
             Ok(Ok((_, offset))) => Ok(offset),
-            Ok(Err((e, _))) => Err(format!(
-                "cannot write the progress topic's sync marker: {e}"
+            Ok(Err((e, _))) => Err(StorageError::failed(
+                "cannot write the progress topic's sync marker",
+                e,
             )),
-            Err(_) => Err("the producer dropped the progress topic's sync marker".to_owned()),
+            Err(_) => Err(StorageError::unavailable(
+                "the producer dropped the progress topic's sync marker",
+            )),
         },
-        Err((e, _)) => Err(format!(
-            "cannot write the progress topic's sync marker: {e}"
+        Err((e, _)) => Err(StorageError::failed(
+            "cannot write the progress topic's sync marker",
+            e,
         )),
     }
 }
 
 /// A partition's (earliest, end) from the broker, read up to [`OFFSET_READS`] times.
-fn read_offsets(log: &KafkaLog, topic: &TopicName, p: Partition) -> Result<Span, String> {
-    let mut last = String::new();
-    for attempt in 0..OFFSET_READS {
-        if attempt > 0 {
-            std::thread::sleep(Duration::from_millis(100 << attempt));
-        }
+fn read_offsets(log: &KafkaLog, topic: &TopicName, p: Partition) -> Result<Span, StorageError> {
+    let mut attempt = 0;
+    loop {
         match log.inner.side.runtime.block_on(log.watermarks(topic, p)) {
             Ok(pair) => return Ok(pair),
-            Err(e) => last = e,
+            Err(e) if attempt + 1 >= OFFSET_READS => return Err(e),
+            Err(_) => {}
         }
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(100 << attempt));
     }
-    Err(last)
 }
 
 /// Starts fetching `partition` at `from` again after the consumer may have stopped it (a

@@ -40,7 +40,7 @@ use crate::storage::kafka::rules::epochs::divergence;
 use crate::storage::kafka::rules::part::{self, Part};
 use crate::storage::kafka::rules::revoke::{Ask, Revocation};
 use crate::storage::kafka::rules::{assign, Rebalance};
-use crate::storage::ports::{GroupEvent, LogRead};
+use crate::storage::ports::{GroupEvent, LogRead, StorageError};
 
 /// How long a fetch at the end of a partition waits before asking the broker again.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -175,9 +175,11 @@ impl GroupConsumer {
         group: GroupName,
         topic: TopicName,
         events: mpsc::Sender<GroupEvent>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StorageError> {
         let coordinator = log.inner.side.coordinator.get().cloned().ok_or_else(|| {
-            "no group coordinator: a simulation sets one with KafkaLog::set_coordinator".to_owned()
+            StorageError::unavailable(
+                "no group coordinator: a simulation sets one with KafkaLog::set_coordinator",
+            )
         })?;
         let shared = Arc::new(Shared {
             log,
@@ -442,16 +444,17 @@ impl Shared {
         if claims.is_empty() {
             return;
         }
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..OFFSET_READS {
             if attempt > 0 {
                 tokio::time::sleep(RETRY_INTERVAL).await;
             }
             match super::progress::claim(&self.log, claims, gen).await {
                 Ok(()) => return,
-                Err(e) => last = e,
+                Err(e) => last = Some(e),
             }
         }
+        let Some(last) = last else { return };
         tracing::error!(group = %self.group, error = %last, "cannot claim the assigned partitions in the progress topic");
     }
 
@@ -571,7 +574,7 @@ impl Shared {
                 Some(r) => r,
                 None => match self.log.watermarks(&self.topic, partition).await {
                     Ok(r) => r,
-                    Err(e) => return LogRead::Failed(e),
+                    Err(e) => return LogRead::Failed(e.to_string()),
                 },
             };
             l.part.validate = None;
@@ -595,7 +598,7 @@ impl Shared {
         if l.reader.is_none() || from < l.part.base {
             match self.reader(partition, from).await {
                 Ok(r) => l.reader = Some(r),
-                Err(e) => return LogRead::Failed(e),
+                Err(e) => return LogRead::Failed(e.to_string()),
             }
             l.part.reposition(from);
         }
@@ -660,7 +663,11 @@ impl Shared {
     }
 
     /// A consumer of `partition` alone, assigned at `from`.
-    async fn reader(&self, partition: Partition, from: Offset) -> Result<LoggedConsumer, String> {
+    async fn reader(
+        &self,
+        partition: Partition,
+        from: Offset,
+    ) -> Result<LoggedConsumer, StorageError> {
         let mut config = self.log.settings().client_config(ClientRole::Consumer);
         config
             .set("enable.auto.commit", "false")
@@ -668,17 +675,24 @@ impl Shared {
         let consumer: LoggedConsumer = config
             .create_with_context(ClientLog::new(format!("reader of {}", self.topic)))
             .await
-            .map_err(|e| format!("cannot create a reader of {}/{partition}: {e}", self.topic))?;
+            .map_err(|e| {
+                StorageError::failed(
+                    &format!("cannot create a reader of {}/{partition}", self.topic),
+                    e,
+                )
+            })?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(
             self.topic.as_str(),
             partition as i32,
             KOffset::Offset(from as i64),
         )
-        .map_err(|e| format!("cannot assign {}/{partition}: {e}", self.topic))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| format!("cannot assign {}/{partition}: {e}", self.topic))?;
+        .map_err(|e| {
+            StorageError::failed(&format!("cannot assign {}/{partition}", self.topic), e)
+        })?;
+        consumer.assign(&tpl).map_err(|e| {
+            StorageError::failed(&format!("cannot assign {}/{partition}", self.topic), e)
+        })?;
         Ok(consumer)
     }
 }

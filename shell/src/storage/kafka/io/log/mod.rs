@@ -148,15 +148,15 @@ impl KafkaSettings {
 
 impl KafkaLog {
     /// [`KafkaLog::connect`], then [`KafkaLog::ensure_own_topics`].
-    pub async fn open(settings: KafkaSettings) -> Result<Self, String> {
+    pub async fn open(settings: KafkaSettings) -> Result<Self, StorageError> {
         let log = Self::connect(settings).await?;
-        log.ensure_own_topics().await.map_err(|e| e.to_string())?;
+        log.ensure_own_topics().await?;
         Ok(log)
     }
 
     /// Creates the producer, the admin client and the progress reader. Talks to no broker:
     /// an error is the configuration's (a librdkafka property it refuses).
-    pub async fn connect(settings: KafkaSettings) -> Result<Self, String> {
+    pub async fn connect(settings: KafkaSettings) -> Result<Self, StorageError> {
         let mut pc = settings.client_config(ClientRole::Producer);
         pc.set("acks", "all").set("enable.idempotence", "true").set(
             "message.timeout.ms",
@@ -175,12 +175,12 @@ impl KafkaLog {
         let producer: LoggedProducer = pc
             .create_with_context(ClientLog::new("producer"))
             .await
-            .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot create the Kafka producer", e))?;
         let admin: LoggedAdmin = settings
             .client_config(ClientRole::Producer)
             .create_with_context(ClientLog::new("admin"))
             .await
-            .map_err(|e| format!("cannot create the Kafka admin client: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot create the Kafka admin client", e))?;
         let side = Side::new(&settings).await?;
         let progress = Arc::new(super::progress::ProgressReader::new(&settings).await?);
         let message_timeout = settings.request_timeout;
@@ -220,7 +220,7 @@ impl KafkaLog {
                 .await
                 .map_err(|e| in_context(&format!("cannot create the {what} topic {topic}"), e))?;
         }
-        self.preload().await.map_err(StorageError::unavailable)?;
+        self.preload().await?;
         Ok(())
     }
 
@@ -315,12 +315,17 @@ impl KafkaLog {
         &self,
         topic: &TopicName,
         partition: Partition,
-    ) -> Result<(Offset, Offset), String> {
+    ) -> Result<(Offset, Offset), StorageError> {
         let timeout = self.inner.settings.request_timeout;
         let (lo, hi) = self
             .fetch_watermarks(topic.as_str(), partition as i32, timeout)
             .await
-            .map_err(|e| format!("cannot read the offsets of {topic}/{partition}: {e}"))?;
+            .map_err(|e| {
+                StorageError::failed(
+                    &format!("cannot read the offsets of {topic}/{partition}"),
+                    e,
+                )
+            })?;
         let pair = (lo.max(0) as Offset, hi.max(0) as Offset);
         lock(&self.inner.ends).insert((topic.clone(), partition), pair);
         Ok(pair)
@@ -539,10 +544,7 @@ impl LogPort for KafkaLog {
                 for p in 0..partitions {
                     let pair = match log.cached_offsets(&topic, p) {
                         Some(pair) => pair,
-                        None => log
-                            .watermarks(&topic, p)
-                            .await
-                            .map_err(StorageError::unavailable)?,
+                        None => log.watermarks(&topic, p).await?,
                     };
                     offsets.push(pair);
                 }
@@ -599,10 +601,7 @@ impl LogPort for KafkaLog {
         let ask = Box::pin(async move {
             match cached {
                 Some(pair) => Ok(pair),
-                None => log
-                    .watermarks(&topic, partition)
-                    .await
-                    .map_err(StorageError::unavailable),
+                None => log.watermarks(&topic, partition).await,
             }
         });
         side::ask_broker(cached.is_some(), ask, meanwhile)
@@ -677,8 +676,7 @@ impl GroupLog for KafkaLog {
         let events = self.events().ok_or_else(|| {
             StorageError::unavailable("the Kafka log is not attached to an engine")
         })?;
-        let consumer = GroupConsumer::start(self.clone(), group.clone(), topic.clone(), events)
-            .map_err(StorageError::unavailable)?;
+        let consumer = GroupConsumer::start(self.clone(), group.clone(), topic.clone(), events)?;
         lock(&self.inner.groups).insert(group.clone(), Arc::new(consumer));
         Ok(())
     }

@@ -29,7 +29,7 @@ pub struct Side {
 }
 
 impl Side {
-    pub async fn new(_settings: &KafkaSettings) -> Result<Self, String> {
+    pub async fn new(_settings: &KafkaSettings) -> Result<Self, StorageError> {
         Ok(Self {
             runtime: tokio::runtime::Handle::current(),
             times: TimeLookup::default(),
@@ -223,7 +223,7 @@ pub fn close(consumers: Vec<Arc<GroupConsumer>>) -> BoxFut<()> {
 
 impl KafkaLog {
     /// Nothing: the real build asks the broker each question when it is asked.
-    pub(super) async fn preload(&self) -> Result<(), String> {
+    pub(super) async fn preload(&self) -> Result<(), StorageError> {
         Ok(())
     }
 
@@ -478,9 +478,7 @@ impl KafkaLog {
             let claim = times.claim(s, &topic, partition, time_ms).await?;
             // The end as the rest of the mesh sees it: the broker's, raised to what the
             // log was shown to hold.
-            log.watermarks(&topic, partition)
-                .await
-                .map_err(StorageError::unavailable)?;
+            log.watermarks(&topic, partition).await?;
             let range = log.cached_offsets(&topic, partition).ok_or_else(|| {
                 StorageError::unavailable(format!("no offsets of {topic}/{partition}"))
             })?;

@@ -34,12 +34,12 @@ pub struct Side {
 
 impl Side {
     /// Creates the metadata client.
-    pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
+    pub async fn new(settings: &KafkaSettings) -> Result<Self, StorageError> {
         let meta: LoggedConsumer = settings
             .client_config(ClientRole::Consumer)
             .create_with_context(ClientLog::new("metadata"))
             .await
-            .map_err(|e| format!("cannot create the Kafka metadata client: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot create the Kafka metadata client", e))?;
         Ok(Self {
             meta,
             creating: tokio::sync::Mutex::new(()),
@@ -120,11 +120,11 @@ pub fn close(consumers: Vec<Arc<GroupConsumer>>) -> BoxFut<()> {
 impl KafkaLog {
     /// The synchronous questions of the `LogPort` are answered from what was read last:
     /// every topic the broker has, and their offsets, are read once at open.
-    pub(super) async fn preload(&self) -> Result<(), String> {
+    pub(super) async fn preload(&self) -> Result<(), StorageError> {
         let meta = self
             .metadata(None)
             .await
-            .map_err(|e| format!("Kafka metadata request failed: {e}"))?;
+            .map_err(|e| StorageError::failed("Kafka metadata request failed", e))?;
         let mut listed = Vec::new();
         for t in meta.topics() {
             let Ok(name) = TopicName::new(t.name()) else {

@@ -256,7 +256,7 @@ fn send_progress(
     key: &str,
     value: &[u8],
     headers: &[(&'static str, String)],
-) -> Result<super::log::Delivery, String> {
+) -> Result<super::log::Delivery, StorageError> {
     let inner = &log.inner;
     let topic = inner.settings.progress_topic.as_str();
     let list: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
@@ -269,7 +269,7 @@ fn send_progress(
     inner
         .producer
         .send_result(record.partition(HOME_PARTITION).key(key))
-        .map_err(|(e, _)| format!("cannot write the progress topic: {e}"))
+        .map_err(|(e, _)| StorageError::failed("cannot write the progress topic", e))
 }
 
 /// Writes each lane's claim ([`crate::storage::kafka::rules::assign::claim`]: the checkpoint it resumes
@@ -282,7 +282,7 @@ pub(super) async fn claim(
     log: &KafkaLog,
     claims: &[(LaneCheckpoint, Option<i32>)],
     gen: OwnerGen,
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let inner = &log.inner;
     let s = &inner.settings;
     let mut pending = Vec::with_capacity(claims.len());
@@ -295,8 +295,13 @@ pub(super) async fn claim(
     for f in pending {
         match f.await {
             Ok(Ok(_)) => {}
-            Ok(Err((e, _))) => return Err(format!("the progress topic refused a claim: {e}")),
-            Err(_) => return Err("the producer dropped a claim".into()),
+            Ok(Err((e, _))) => {
+                return Err(StorageError::failed(
+                    "the progress topic refused a claim",
+                    e,
+                ))
+            }
+            Err(_) => return Err(StorageError::unavailable("the producer dropped a claim")),
         }
     }
     Ok(())
@@ -437,7 +442,7 @@ impl ReaderState {
 }
 
 impl ProgressReader {
-    pub async fn new(settings: &KafkaSettings) -> Result<Self, String> {
+    pub async fn new(settings: &KafkaSettings) -> Result<Self, StorageError> {
         let mut c = settings.client_config(ClientRole::Consumer);
         c.set(
             "group.id",
@@ -449,7 +454,7 @@ impl ProgressReader {
         let consumer: LoggedConsumer = c
             .create_with_context(ClientLog::new("progress reader"))
             .await
-            .map_err(|e| format!("cannot create the progress reader: {e}"))?;
+            .map_err(|e| StorageError::failed("cannot create the progress reader", e))?;
         Ok(Self {
             consumer,
             topic: settings.progress_topic.clone(),
@@ -556,7 +561,7 @@ impl ProgressReader {
         reader: OwnerGen,
         committed: &BTreeMap<Partition, Offset>,
         home_past: Option<i64>,
-    ) -> Result<BTreeMap<Partition, Chosen>, String> {
+    ) -> Result<BTreeMap<Partition, Chosen>, StorageError> {
         let mut st = self.state.lock().await;
         self.catch_up(&mut st, home_past).await?;
         Ok(partitions
@@ -569,7 +574,11 @@ impl ProgressReader {
             .collect())
     }
 
-    async fn catch_up(&self, st: &mut ReaderState, home_past: Option<i64>) -> Result<(), String> {
+    async fn catch_up(
+        &self,
+        st: &mut ReaderState,
+        home_past: Option<i64>,
+    ) -> Result<(), StorageError> {
         let count = match st.assigned {
             Some(n) => n,
             None => {
@@ -577,14 +586,17 @@ impl ProgressReader {
                     .consumer
                     .fetch_metadata(Some(&self.topic), self.timeout)
                     .await
-                    .map_err(|e| format!("progress topic metadata: {e}"))?;
+                    .map_err(|e| StorageError::failed("progress topic metadata", e))?;
                 let n = meta
                     .topics()
                     .iter()
                     .find(|t| t.name() == self.topic)
                     .map_or(0, |t| t.partitions().len() as i32);
                 if n == 0 {
-                    return Err(format!("progress topic {} has no partitions", self.topic));
+                    return Err(StorageError::unavailable(format!(
+                        "progress topic {} has no partitions",
+                        self.topic
+                    )));
                 }
                 let mut tpl = TopicPartitionList::new();
                 for p in 0..n {
@@ -592,7 +604,7 @@ impl ProgressReader {
                 }
                 self.consumer
                     .assign(&tpl)
-                    .map_err(|e| format!("cannot read the progress topic: {e}"))?;
+                    .map_err(|e| StorageError::failed("cannot read the progress topic", e))?;
                 st.assigned = Some(n);
                 n
             }
@@ -603,7 +615,7 @@ impl ProgressReader {
                 .consumer
                 .fetch_watermarks(&self.topic, p, self.timeout)
                 .await
-                .map_err(|e| format!("progress topic offsets: {e}"))?;
+                .map_err(|e| StorageError::failed("progress topic offsets", e))?;
             let hi = match home_past {
                 Some(past) if p == HOME_PARTITION => hi.max(past + 1),
                 _ => hi,
@@ -843,10 +855,7 @@ impl StatePort for KafkaState {
                         .fetch_add(dropped, Ordering::Relaxed);
                 }
                 let headers = stamp_headers(stamp.leader_epoch, stamp.rewound_from);
-                pending.push(
-                    send_progress(&log, &key, &value, &headers)
-                        .map_err(StorageError::unavailable)?,
-                );
+                pending.push(send_progress(&log, &key, &value, &headers)?);
             }
             for f in pending {
                 match f.await {

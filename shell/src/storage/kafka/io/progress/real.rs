@@ -10,6 +10,7 @@ use unimesh_core::{GroupName, Partition};
 
 use super::{lock, ProgressReader, ReaderState};
 use crate::storage::kafka::io::client_log::LoggedConsumer;
+use crate::storage::ports::StorageError;
 
 /// How far the progress topic was read: the consumer's own `position`, so nothing is kept
 /// here.
@@ -45,17 +46,17 @@ impl ProgressReader {
         &self,
         st: &mut ReaderState,
         highs: &BTreeMap<i32, i64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StorageError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             if st.position.reached(&self.consumer, &self.topic, highs) {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!(
+                return Err(StorageError::unavailable(format!(
                     "the progress topic could not be read to its end within {:?}",
                     self.timeout
-                ));
+                )));
             }
             match self.consumer.poll(Duration::from_millis(20)) {
                 None => {}

@@ -8,6 +8,7 @@ use madsim_rdkafka::Message;
 use madsim_tokio as tokio;
 
 use super::{ProgressReader, ReaderState};
+use crate::storage::ports::StorageError;
 
 /// How far the progress topic was read: the next offset to read, per partition (the
 /// offsets of what the consumer returned tell it).
@@ -37,17 +38,17 @@ impl ProgressReader {
         &self,
         st: &mut ReaderState,
         highs: &BTreeMap<i32, i64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StorageError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             if st.position.reached(highs) {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                return Err(format!(
+                return Err(StorageError::unavailable(format!(
                     "the progress topic could not be read to its end within {:?}",
                     self.timeout
-                ));
+                )));
             }
             match self.consumer.poll(Duration::from_millis(20)).await {
                 None => tokio::time::sleep(Duration::from_millis(5)).await,
