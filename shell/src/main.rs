@@ -21,7 +21,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 use unimesh_shell::config::{self, Config, Overrides, StateBackend, ENV_PREFIX};
-use unimesh_shell::engine::{self, LogPort, StatePort};
+use unimesh_shell::engine::{self, LogPort, StatePort, StorageError};
 use unimesh_shell::http::jwt::Verifier;
 use unimesh_shell::http::tls::Tls;
 use unimesh_shell::http::{App, Server};
@@ -481,7 +481,11 @@ const BROKER_RETRY: Duration = Duration::from_secs(1);
 /// tried again every [`BROKER_RETRY`] (each try waits up to `kafka.request_timeout_ms`).
 /// True once they exist; false when a stop signal came first; an error for a refusal that
 /// stays (a topic name the configuration got wrong).
-async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Result<bool, String> {
+async fn wait_for_broker(
+    server: &Server,
+    kafka: &KafkaLog,
+    brokers: &str,
+) -> Result<bool, StorageError> {
     let last = Arc::new(std::sync::Mutex::new(String::from("no answer yet")));
     let why: Arc<dyn Fn() -> String + Send + Sync> = {
         let (kafka, last, brokers) = (kafka.clone(), last.clone(), brokers.to_owned());
@@ -514,7 +518,8 @@ async fn wait_for_broker(server: &Server, kafka: &KafkaLog, brokers: &str) -> Re
                     }
                     *last.lock().unwrap_or_else(|p| p.into_inner()) = why;
                 }
-                Err(e) => return Err(format!("cannot use Kafka at {brokers}: {e}")),
+                // Named with the broker by `Backend::open`.
+                Err(e) => return Err(e),
             }
             tokio::time::sleep(BROKER_RETRY).await;
         }

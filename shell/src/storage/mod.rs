@@ -21,7 +21,7 @@ use kafka::{KafkaLog, KafkaSettings, KafkaState};
 #[cfg(feature = "rocksdb")]
 use log::EmbeddedLog;
 use log::LogConfig;
-use ports::{LogPort, StatePort};
+use ports::{LogPort, StatePort, StorageError};
 pub(crate) use records::decode_record;
 #[cfg(feature = "rocksdb")]
 use state::RocksStore;
@@ -132,9 +132,10 @@ pub struct KafkaStart {
 
 /// Waits until the Kafka broker answers (its own topics exist): true then, false when
 /// the start should stop instead (a stop signal while waiting), an error for a refusal
-/// that stays. `serve` answers 503 meanwhile.
+/// that stays ([`KafkaLog::ensure_own_topics`]'s; [`Backend::open`] names the broker).
+/// `serve` answers 503 meanwhile.
 pub type WaitForBroker<'a> = Box<
-    dyn FnOnce(KafkaLog) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send + 'a>>
+    dyn FnOnce(KafkaLog) -> Pin<Box<dyn Future<Output = Result<bool, StorageError>> + Send + 'a>>
         + Send
         + 'a,
 >;
@@ -201,13 +202,10 @@ impl Backend {
                     log.spawn_watch(every);
                 }
                 let ready = match wait {
-                    Some(wait) => wait(log.clone()).await?,
-                    None => log
-                        .ensure_own_topics()
-                        .await
-                        .map(|()| true)
-                        .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?,
-                };
+                    Some(wait) => wait(log.clone()).await,
+                    None => log.ensure_own_topics().await.map(|()| true),
+                }
+                .map_err(|e| format!("cannot use Kafka at {brokers}: {e}"))?;
                 if !ready {
                     return Ok(None);
                 }
