@@ -260,9 +260,10 @@ impl KafkaLog {
         let _creating = self.creating().await;
         let mut created = false;
         for _ in 0..20 {
-            let found = self.listed_partitions(topic).await.map_err(|e| {
-                StorageError::unavailable(format!("Kafka metadata request failed: {e}"))
-            })?;
+            let found = self
+                .listed_partitions(topic)
+                .await
+                .map_err(|e| StorageError::failed("Kafka metadata request failed", e))?;
             if let Some(n) = found {
                 lock(&self.inner.topics).insert(topic.clone(), n);
                 return Ok(n);
@@ -295,14 +296,15 @@ impl KafkaLog {
             .admin
             .create_topics([&new], &opts)
             .await
-            .map_err(|e| StorageError::unavailable(format!("cannot create topic {topic}: {e}")))?;
+            .map_err(|e| StorageError::failed(&format!("cannot create topic {topic}"), e))?;
         for r in results {
             match r {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => {
-                    return Err(StorageError::unavailable(format!(
-                        "the broker refused to create topic {name}: {code}"
-                    )))
+                    return Err(StorageError::failed(
+                        &format!("the broker refused to create topic {name}"),
+                        code,
+                    ))
                 }
             }
         }
@@ -413,15 +415,15 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl KafkaLog {
     /// A broker error as the publisher sees it (503), with what health knows of the
-    /// broker.
+    /// broker; `e` is kept as its source.
     fn produce_error(&self, e: &KafkaError) -> StorageError {
-        match self.fault() {
-            Some(fault) => StorageError::unavailable(format!(
-                "the Kafka broker did not take the write: {e} ({fault})"
-            )),
-            None => {
-                StorageError::unavailable(format!("the Kafka broker did not take the write: {e}"))
-            }
+        let what = match self.fault() {
+            Some(fault) => format!("the Kafka broker did not take the write: {e} ({fault})"),
+            None => format!("the Kafka broker did not take the write: {e}"),
+        };
+        StorageError::Unavailable {
+            what,
+            source: Some(Arc::new(e.clone())),
         }
     }
 }

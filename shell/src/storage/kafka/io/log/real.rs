@@ -461,9 +461,10 @@ impl KafkaLog {
     ) -> BoxFut<Result<Offset, StorageError>> {
         let log = self.clone();
         Box::pin(async move {
-            let partitions = log.listed_partitions(&topic).await.map_err(|e| {
-                StorageError::unavailable(format!("Kafka metadata request failed: {e}"))
-            })?;
+            let partitions = log
+                .listed_partitions(&topic)
+                .await
+                .map_err(|e| StorageError::failed("Kafka metadata request failed", e))?;
             match partitions {
                 None => return Err(StorageError::Invalid(format!("unknown topic {topic}"))),
                 Some(n) if partition >= n => {
