@@ -289,17 +289,20 @@ fn seed_123136_a_zombies_owed_broker_ack_stands_after_another_owners_seek() {
 /// the checker knows when each was emitted, and fails when it judges by the order taken
 /// alone (both commits after the seek, as the old rule read them). A commit that goes back
 /// with no seek before its emission fails either way.
+/// Records 0 and 1 delivered and ACKed by the selected instance, and a checkpoint at 2
+/// made durable.
+fn durable_at_2(c: &mut Checker) {
+    for o in 0..2 {
+        let id = deliver(c, o, &format!("e{o}"), 1);
+        ack(c, id);
+    }
+    c.persist_emitted(2, &checkpoint(2)).unwrap();
+    c.persist_applied(2, &checkpoint(2)).unwrap();
+    c.persist_notified(2);
+}
+
 #[test]
 fn seed_424_a_commit_emitted_before_a_seek_and_taken_after_it_does_not_use_the_seek_up() {
-    let durable_at_2 = |c: &mut Checker| {
-        for o in 0..2 {
-            let id = deliver(c, o, &format!("e{o}"), 1);
-            ack(c, id);
-        }
-        c.persist_emitted(2, &checkpoint(2)).unwrap();
-        c.persist_applied(2, &checkpoint(2)).unwrap();
-        c.persist_notified(2);
-    };
     let mut c = world(3, 0);
     durable_at_2(&mut c);
     c.commit_emitted(&group(), 0, 2);
@@ -335,15 +338,6 @@ fn seed_424_a_commit_emitted_before_a_seek_and_taken_after_it_does_not_use_the_s
 /// one taken with no emission noted, is a fenced owner's: a violation.
 #[test]
 fn seed_13603_a_commit_is_judged_by_the_fence_at_its_emission() {
-    let durable_at_2 = |c: &mut Checker| {
-        for o in 0..2 {
-            let id = deliver(c, o, &format!("e{o}"), 1);
-            ack(c, id);
-        }
-        c.persist_emitted(2, &checkpoint(2)).unwrap();
-        c.persist_applied(2, &checkpoint(2)).unwrap();
-        c.persist_notified(2);
-    };
     let started = |c: &mut Checker, inst: u32| {
         let epoch = PersistBatch {
             epoch: Some(1),
