@@ -64,7 +64,14 @@ fn world(n: u64, inst: u32) -> Checker {
     c
 }
 
+/// Instance `inst` started, its epoch durable, and given the lane.
 fn start(c: &mut Checker, inst: u32) {
+    started(c, inst);
+    c.instance(inst).assigned(&group(), 0);
+}
+
+/// Instance `inst` started, its epoch durable.
+fn started(c: &mut Checker, inst: u32) {
     let epoch = PersistBatch {
         epoch: Some(1),
         ..PersistBatch::default()
@@ -74,7 +81,6 @@ fn start(c: &mut Checker, inst: u32) {
     c.persist_emitted(1, &epoch).unwrap();
     c.persist_applied(1, &epoch).unwrap();
     c.persist_notified(1);
-    c.assigned(&group(), 0);
 }
 
 fn deliver(c: &mut Checker, offset: u64, id: &str, lease: u64) -> DeliveryId {
@@ -338,16 +344,6 @@ fn seed_424_a_commit_emitted_before_a_seek_and_taken_after_it_does_not_use_the_s
 /// one taken with no emission noted, is a fenced owner's: a violation.
 #[test]
 fn seed_13603_a_commit_is_judged_by_the_fence_at_its_emission() {
-    let started = |c: &mut Checker, inst: u32| {
-        let epoch = PersistBatch {
-            epoch: Some(1),
-            ..PersistBatch::default()
-        };
-        let c = c.instance(inst);
-        c.started(0, 1).unwrap();
-        c.persist_emitted(1, &epoch).unwrap();
-        c.persist_applied(1, &epoch).unwrap();
-    };
     // Emitted by the owner, taken after a zombie acted on an older assignment: stands.
     let mut c = world(3, 0);
     durable_at_2(&mut c);
