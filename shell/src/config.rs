@@ -57,6 +57,9 @@ pub const POLL_EVENTS_HARD_MAX: u32 = 100_000;
 /// Hard ceiling on a long-poll's wait, so a connection is never parked for hours.
 pub const WAIT_MS_HARD_MAX: u64 = 3_600_000;
 
+/// Most threads of the async runtime (`server.worker_threads`).
+pub const MAX_WORKER_THREADS: usize = 1_024;
+
 /// Bounds of `server.console_interval_ms`: a console's snapshots cost the engine a view of
 /// every group, so not more often than this; and not so rarely that it looks dead.
 pub const MIN_CONSOLE_INTERVAL_MS: u64 = 50;
@@ -222,6 +225,11 @@ pub struct Server {
     /// Serve a non-loopback address without `[auth]` identities (anyone who reaches it may
     /// publish, consume and operate). Off: `serve` refuses to start so (flag --insecure).
     pub insecure: bool,
+    /// Threads of the async runtime (HTTP, streams, the engine, webhooks). 0: one less than
+    /// the cores the process may use, at least one — the log writer, its WAL syncer and
+    /// RocksDB's own threads run beside them, and on two cores a second async worker
+    /// costs more in wake-ups between the workers than it adds (README, "How fast").
+    pub worker_threads: usize,
     /// TLS on both listeners (off while `cert` is empty).
     pub tls: Tls,
 }
@@ -590,6 +598,7 @@ impl Default for Server {
             console_interval_ms: 500,
             cors_allowed_origins: String::new(),
             insecure: false,
+            worker_threads: 0,
             tls: Tls::default(),
         }
     }
@@ -880,6 +889,15 @@ impl Limits {
 }
 
 impl Server {
+    /// The async runtime's worker threads: `worker_threads`, or with 0 one less than
+    /// `cores` (at least one).
+    pub fn workers(&self, cores: usize) -> usize {
+        match self.worker_threads {
+            0 => cores.saturating_sub(1).max(1),
+            n => n,
+        }
+    }
+
     /// `[server]` and `[server.tls]`.
     pub fn validate(&self) -> Result<(), Invalid> {
         if !(MIN_CONSOLE_INTERVAL_MS..=MAX_CONSOLE_INTERVAL_MS).contains(&self.console_interval_ms)
@@ -891,6 +909,12 @@ impl Server {
         }
         if let Err(why) = crate::policy::Origins::parse(&self.cors_allowed_origins) {
             return refuse("server.cors_allowed_origins", why);
+        }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return refuse(
+                "server.worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0: one less than the cores)"),
+            );
         }
         let tls = &self.tls;
         let set = |p: &PathBuf| !p.as_os_str().is_empty();
@@ -1238,6 +1262,35 @@ mod tests {
         assert_eq!(c.limits.max_poll_events.get(), 1000);
         assert_eq!(c.limits.max_wait_ms, 60_000);
         assert_eq!(c.mesh_config(), MeshConfig::default());
+    }
+
+    /// Goal: the async runtime's size is the documented rule, and a number the machine
+    /// cannot mean is refused by name. Method: `workers` at 1, 2 and 8 cores with 0 and 3;
+    /// an environment variable sets it; 5,000 is refused.
+    #[test]
+    fn worker_threads_default_to_one_less_than_the_cores() {
+        let auto = Server::default();
+        assert_eq!(
+            (auto.workers(1), auto.workers(2), auto.workers(8)),
+            (1, 1, 7)
+        );
+        let three = Server {
+            worker_threads: 3,
+            ..Server::default()
+        };
+        assert_eq!((three.workers(1), three.workers(8)), (3, 3));
+        let c = load(
+            &Overrides::default(),
+            env(&[("UNIMESH_SERVER_WORKER_THREADS", "2")]),
+        )
+        .expect("loads")
+        .config;
+        assert_eq!(c.server.workers(8), 2);
+        let err = refused(
+            &Overrides::default(),
+            &[("UNIMESH_SERVER_WORKER_THREADS", "5000")],
+        );
+        assert!(err.contains("server.worker_threads"), "{err}");
     }
 
     #[test]

@@ -146,7 +146,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = loaded.config.server.workers(cores);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .thread_name("unimesh")
         .build()
@@ -157,7 +160,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = match runtime.block_on(serve(loaded)) {
+    let code = match runtime.block_on(serve(loaded, workers)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -257,9 +260,13 @@ where
         .with_filter(filter)
 }
 
-async fn serve(loaded: config::Loaded) -> Result<(), String> {
+async fn serve(loaded: config::Loaded, workers: usize) -> Result<(), String> {
     let cfg = loaded.config;
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), "unimesh starting");
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        worker_threads = workers,
+        "unimesh starting"
+    );
     match &loaded.file {
         Some(f) => tracing::info!(file = %f.display(), "configuration file read"),
         None => {
