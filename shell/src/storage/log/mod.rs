@@ -412,9 +412,17 @@ pub(crate) struct Shared {
     unsynced: std::sync::atomic::AtomicBool,
     /// Partitions of every topic, which share `read_cache_bytes` evenly.
     partitions_total: AtomicU64,
+    /// The partitions' tails: held by whoever writes (the writer thread, or an inline
+    /// append; see `writer.rs`).
+    writer: Mutex<writer::WriterState>,
+    /// Appends written on their caller's thread (`writer::try_inline`).
+    inline_appends: AtomicU64,
     /// Test hook: this many next synced writes fail as if the disk refused them.
     #[cfg(test)]
     fail_next_writes: AtomicU32,
+    /// Test hook: the next inline write meets a write stall.
+    #[cfg(test)]
+    stall_next_inline: std::sync::atomic::AtomicBool,
 }
 
 #[cfg(feature = "rocksdb")]
@@ -602,8 +610,12 @@ impl EmbeddedLog {
             fault: std::sync::OnceLock::new(),
             unsynced: std::sync::atomic::AtomicBool::new(false),
             partitions_total: AtomicU64::new(partitions_total),
+            writer: Mutex::new(writer::WriterState::default()),
+            inline_appends: AtomicU64::new(0),
             #[cfg(test)]
             fail_next_writes: AtomicU32::new(0),
+            #[cfg(test)]
+            stall_next_inline: std::sync::atomic::AtomicBool::new(false),
         });
 
         let (tx, rx) = mpsc::channel(shared.cfg.queue_capacity);
@@ -690,6 +702,21 @@ impl EmbeddedLog {
     /// appends work. Health checks report it so an operator (or orchestrator) restarts.
     pub fn fault(&self) -> Option<String> {
         self.inner.shared.fault.get().cloned()
+    }
+
+    /// Appends written on their caller's thread (see `writer::try_inline`).
+    #[cfg(test)]
+    pub(crate) fn inline_appends(&self) -> u64 {
+        self.inner.shared.inline_appends.load(Ordering::Relaxed)
+    }
+
+    /// Makes the next inline write meet a RocksDB write stall.
+    #[cfg(test)]
+    pub(crate) fn stall_next_inline(&self) {
+        self.inner
+            .shared
+            .stall_next_inline
+            .store(true, Ordering::Relaxed);
     }
 
     /// Makes the next `n` synced writes fail as a full or broken disk would.
@@ -823,15 +850,20 @@ impl EmbeddedLog {
             .tx
             .as_ref()
             .ok_or_else(|| LogError::Unavailable("the log is closing".to_owned()))?;
-        let (reply, answer) = oneshot::channel();
-        tx.send(AppendRequest {
+        let append = writer::Append {
             topic: state,
             items,
             bytes,
-            reply,
-        })
-        .await
-        .map_err(|_| LogError::Unavailable("the log writer has stopped".to_owned()))?;
+        };
+        let queue_empty = tx.capacity() == tx.max_capacity();
+        let append = match writer::try_inline(&self.inner.shared, queue_empty, append) {
+            Ok(written) => return written,
+            Err(append) => append,
+        };
+        let (reply, answer) = oneshot::channel();
+        tx.send(AppendRequest { append, reply })
+            .await
+            .map_err(|_| LogError::Unavailable("the log writer has stopped".to_owned()))?;
         answer
             .await
             .map_err(|_| LogError::Unavailable("the log writer has stopped".to_owned()))?

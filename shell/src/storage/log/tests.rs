@@ -252,7 +252,51 @@ async fn drop_without_close_keeps_every_acknowledged_append() {
 async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
     let dir = tempfile::tempdir().unwrap();
     let log = open(dir.path());
+    concurrent_appends(&log).await;
+    let stats = log.stats();
+    assert!((1..=64 * 20).contains(&stats.synced_writes), "{stats:?}");
+    assert_eq!(
+        log.inline_appends(),
+        0,
+        "an fsync per write is never inline"
+    );
+}
+
+/// Goal: with `sync_interval_ms`, appends written on their callers' threads and appends
+/// given to the writer thread share one run of offsets (dense, none given twice, each
+/// reading back its own value). Method: 64 tasks on 4 workers append 20 times each, every
+/// fifth append too large to be written inline; sequential appends first, which find the
+/// writer idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_a_sync_interval_inline_and_queued_appends_share_dense_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.sync_interval_ms = Some(10);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let warm = topic("warm");
+    for i in 0..5u64 {
+        let got = log.append(&warm, vec![item(Some("k"), "x")]).await.unwrap();
+        assert_eq!(got[0].1, i);
+    }
+    assert_eq!(
+        log.inline_appends(),
+        5,
+        "an idle writer lets its callers write"
+    );
+    concurrent_appends(&log).await;
+    let inline = log.inline_appends() - 5;
+    assert!(
+        inline <= 64 * 16,
+        "large appends are queued: {inline} inline"
+    );
+}
+
+/// 64 tasks append 20 records each, one per append, every fifth one larger than
+/// `INLINE_MAX_BYTES`; every (partition, offset) is given once, each partition's offsets
+/// are dense, and every record reads back.
+async fn concurrent_appends(log: &EmbeddedLog) {
     let t = topic("busy");
+    let before = log.stats().records_appended;
     let tasks: Vec<_> = (0..64u32)
         .map(|task| {
             let log = log.clone();
@@ -260,7 +304,11 @@ async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
             tokio::spawn(async move {
                 let mut got = Vec::new();
                 for seq in 0..20u32 {
-                    let value = Bytes::from(format!("{task}/{seq}"));
+                    let mut value = format!("{task}/{seq}");
+                    if seq % 5 == 4 {
+                        value.push_str(&"p".repeat(writer::INLINE_MAX_BYTES));
+                    }
+                    let value = Bytes::from(value);
                     let key = (seq % 2 == 0).then(|| format!("key-{task}"));
                     let at = log
                         .append(
@@ -288,9 +336,7 @@ async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
         }
     }
     assert_eq!(by_position.len(), 64 * 20);
-    let stats = log.stats();
-    assert_eq!(stats.records_appended, 64 * 20);
-    assert!((1..=64 * 20).contains(&stats.synced_writes), "{stats:?}");
+    assert_eq!(log.stats().records_appended - before, 64 * 20);
     for p in 0..4 {
         let offsets: Vec<Offset> = by_position
             .keys()
@@ -299,10 +345,49 @@ async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
             .collect();
         let dense: Vec<Offset> = (0..offsets.len() as u64).collect();
         assert_eq!(offsets, dense, "partition {p}");
-        for (o, value) in read_all(&log, &t, p) {
+        for (o, value) in read_all(log, &t, p) {
             assert_eq!(by_position[&(p, o)], value);
         }
     }
+}
+
+/// Goal: an inline append that meets a RocksDB write stall neither waits on its caller's
+/// thread nor loses its offsets: it goes to the writer, which writes it. Method: a stall
+/// planted in the next inline write; that append is answered by the writer (the inline
+/// count does not move) with the next offset, and the next inline append follows it.
+#[tokio::test]
+async fn an_inline_append_that_meets_a_write_stall_is_written_by_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.sync_interval_ms = Some(10);
+    let log = EmbeddedLog::open(cfg).unwrap();
+    let t = topic("stalled");
+    log.create_topic(&t, 1).unwrap();
+    assert_eq!(
+        log.append(&t, vec![item(None, "a")]).await.unwrap(),
+        vec![(0, 0)]
+    );
+    assert_eq!(log.inline_appends(), 1);
+    log.stall_next_inline();
+    assert_eq!(
+        log.append(&t, vec![item(None, "b")]).await.unwrap(),
+        vec![(0, 1)]
+    );
+    assert_eq!(log.inline_appends(), 1, "the stalled append was queued");
+    assert_eq!(
+        log.append(&t, vec![item(None, "c")]).await.unwrap(),
+        vec![(0, 2)]
+    );
+    assert_eq!(log.inline_appends(), 2);
+    assert_eq!(
+        read_all(&log, &t, 0),
+        vec![
+            (0, Bytes::from("a")),
+            (1, Bytes::from("b")),
+            (2, Bytes::from("c"))
+        ]
+    );
+    assert_eq!(log.fault(), None);
 }
 
 #[tokio::test]
@@ -674,8 +759,22 @@ async fn topics_are_listed_sorted_with_their_partition_counts() {
 
 #[tokio::test]
 async fn a_failed_write_stops_appends_names_the_fault_and_a_reopen_recovers() {
+    a_failed_write_stops_appends(None).await;
+}
+
+/// The same with `sync_interval_ms`, where the failing write is made on the caller's
+/// thread (inline) and must set the same fault.
+#[tokio::test]
+async fn a_failed_inline_write_stops_appends_names_the_fault_and_a_reopen_recovers() {
+    a_failed_write_stops_appends(Some(10)).await;
+}
+
+async fn a_failed_write_stops_appends(sync_interval_ms: Option<u64>) {
     let dir = tempfile::tempdir().unwrap();
     let t = topic("faulty");
+    let mut cfg = LogConfig::new(dir.path());
+    cfg.sync_interval_ms = sync_interval_ms;
+    let open = |_: &Path| EmbeddedLog::open(cfg.clone()).unwrap();
     {
         let log = open(dir.path());
         log.create_topic(&t, 1).unwrap();
@@ -694,6 +793,12 @@ async fn a_failed_write_stops_appends_names_the_fault_and_a_reopen_recovers() {
         let fault = log.fault().expect("the fault is reported");
         assert!(fault.contains("injected write failure"), "{fault}");
         assert_eq!(log.stats().write_failures, 2);
+        let inline = if sync_interval_ms.is_some() { 1 } else { 0 };
+        assert_eq!(
+            log.inline_appends(),
+            inline,
+            "only the first append was written"
+        );
         // Reads keep being served and see only what was acknowledged.
         assert_eq!(read_all(&log, &t, 0), vec![(0, Bytes::from("kept"))]);
         log.close().unwrap();

@@ -1,4 +1,5 @@
-//! The group-commit writer: one std thread owns every append.
+//! The group-commit writer: one std thread writes appends, and with `sync_interval_ms` a
+//! small append that finds the writer idle is written by its caller ([`try_inline`]).
 //!
 //! Publishers queue requests on a bounded channel (a full queue makes `append` wait: that is
 //! the back-pressure). The writer takes one request, then everything else already queued up
@@ -11,7 +12,8 @@
 //! written it to the operating system, and the [`Syncer`] thread fsyncs the WAL once per
 //! interval in which something was written.
 //!
-//! Offsets are assigned here and nowhere else, so they are dense per partition without locks.
+//! Offsets are assigned here and nowhere else, under the one [`WriterState`] lock, so they
+//! are dense per partition.
 //! If a write fails, nothing of that batch is published (the tails roll back) and the writer
 //! refuses every later append: RocksDB may hold part of a failed WAL write that a reopen will
 //! replay, so reusing those offsets in this process could give two payloads one offset.
@@ -26,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use unimesh_core::{Offset, Partition, TopicName};
 
 use super::codec::{self, RecordHeader};
-use super::{LogError, Shared, TopicState, META_CF, RECORDS_CF};
+use super::{lock, LogError, Shared, TopicState, META_CF, RECORDS_CF};
 
 /// Where a partition's next record goes. Owned by the writer thread once it has seen the
 /// partition; the topic carries the value recovered at open (or zero for a new topic).
@@ -41,85 +43,168 @@ pub(crate) struct Tail {
     pub position: u64,
 }
 
-pub(crate) struct AppendRequest {
+/// One caller's records, placed on partitions, not yet given offsets.
+pub(crate) struct Append {
     pub topic: Arc<TopicState>,
     pub items: Vec<(Partition, Bytes)>,
     pub bytes: usize,
+}
+
+pub(crate) struct AppendRequest {
+    pub append: Append,
     pub reply: oneshot::Sender<Result<Vec<(Partition, Offset)>, LogError>>,
 }
 
-pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
-    let mut tails: HashMap<(TopicName, Partition), Tail> = HashMap::new();
-    let mut key = Vec::new();
-    let mut value = Vec::new();
-    let max_batch_bytes = shared.cfg.max_batch_bytes;
+/// What the writer keeps from one group to the next: each partition's tail, and scratch
+/// buffers. It sits behind a mutex in `Shared`: the writer thread holds it for a group,
+/// and with `sync_interval_ms` a small append that finds it free writes on its caller's
+/// thread ([`try_inline`]). Offsets are assigned only while it is held.
+#[derive(Default)]
+pub(crate) struct WriterState {
+    tails: HashMap<(TopicName, Partition), Tail>,
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
 
+/// The most bytes an append may carry to be written on its caller's thread: one event or
+/// a few. Larger batches go to the writer thread, which runs beside the async workers.
+pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
+
+/// Why a group was not written.
+enum Refused {
+    /// An inline write met a RocksDB write stall and did not wait (nothing was written).
+    Stalled,
+    Failed(LogError),
+}
+
+pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
+    let max_batch_bytes = shared.cfg.max_batch_bytes;
     while let Some(first) = rx.blocking_recv() {
-        let mut bytes = first.bytes;
+        let mut bytes = first.append.bytes;
         let mut group = vec![first];
         while bytes < max_batch_bytes {
             match rx.try_recv() {
                 Ok(next) => {
-                    bytes += next.bytes;
+                    bytes += next.append.bytes;
                     group.push(next);
                 }
                 Err(_) => break,
             }
         }
-        if let Some(reason) = shared.fault.get() {
-            shared
-                .write_failures
-                .fetch_add(group.len() as u64, Ordering::Relaxed);
-            for request in group {
-                // A publisher that gave up waiting dropped its receiver: nothing to tell it.
-                let _ = request
-                    .reply
-                    .send(Err(LogError::Unavailable(reason.clone())));
-            }
-            continue;
-        }
-        match commit(&shared, &mut tails, &group, bytes, &mut key, &mut value) {
+        let (appends, replies): (Vec<Append>, Vec<_>) =
+            group.into_iter().map(|r| (r.append, r.reply)).unzip();
+        let written = {
+            let mut state = lock(&shared.writer);
+            write_group(&shared, &mut state, &appends, bytes, false)
+        };
+        // A publisher that gave up waiting dropped its receiver: nothing to tell it.
+        match written {
             Ok(results) => {
-                for (request, result) in group.into_iter().zip(results) {
-                    let _ = request.reply.send(Ok(result));
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(Ok(result));
                 }
             }
-            Err(err) => {
-                let reason =
-                    format!("a log write failed, appends are refused until restart: {err}");
-                tracing::error!(error = %err, "embedded log write failed");
-                // Only this thread sets it, once; a reopen starts with a fresh `Shared`.
-                let _ = shared.fault.set(reason);
-                shared
-                    .write_failures
-                    .fetch_add(group.len() as u64, Ordering::Relaxed);
-                for request in group {
-                    let _ = request.reply.send(Err(err.clone()));
+            Err(Refused::Failed(err)) => {
+                for reply in replies {
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+            Err(Refused::Stalled) => {
+                debug_assert!(false, "only an inline write refuses to wait");
+                for reply in replies {
+                    let _ = reply.send(Err(LogError::Unavailable(
+                        "a log write refused to wait out a write stall".to_owned(),
+                    )));
                 }
             }
         }
     }
 }
 
-/// Writes one group durably; returns each request's (partition, offset) list, in order.
+/// With `sync_interval_ms`, writes `append` on the caller's thread when that costs no
+/// waiting: it is small (at most [`INLINE_MAX_BYTES`]), nothing is queued for the writer
+/// and the writer state is free. A small append then makes no trip to the writer thread
+/// and back (two wake-ups, most of the cost of a one-event publish on a busy machine). The
+/// write is made with RocksDB's `no_slowdown`, so a write stall never parks the caller (an
+/// async worker): it answers `Err(append)`, as every other case does, and the caller
+/// queues the append for the writer, which waits out the stall as before.
+pub(crate) fn try_inline(
+    shared: &Shared,
+    queue_empty: bool,
+    append: Append,
+) -> Result<Result<Vec<(Partition, Offset)>, LogError>, Append> {
+    if shared.cfg.sync_interval_ms.is_none() || !queue_empty || append.bytes > INLINE_MAX_BYTES {
+        return Err(append);
+    }
+    let Ok(mut state) = shared.writer.try_lock() else {
+        return Err(append);
+    };
+    let group = std::slice::from_ref(&append);
+    match write_group(shared, &mut state, group, append.bytes, true) {
+        Ok(mut results) => {
+            shared.inline_appends.fetch_add(1, Ordering::Relaxed);
+            Ok(Ok(results.pop().unwrap_or_default()))
+        }
+        Err(Refused::Failed(err)) => Ok(Err(err)),
+        Err(Refused::Stalled) => {
+            drop(state);
+            Err(append)
+        }
+    }
+}
+
+/// Writes one group, or refuses it whole: the log's fault once a write failed (every later
+/// group too), or a stall met by an inline write.
+fn write_group(
+    shared: &Shared,
+    state: &mut WriterState,
+    group: &[Append],
+    bytes: usize,
+    inline: bool,
+) -> Result<Vec<Vec<(Partition, Offset)>>, Refused> {
+    if let Some(reason) = shared.fault.get() {
+        shared
+            .write_failures
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        return Err(Refused::Failed(LogError::Unavailable(reason.clone())));
+    }
+    match commit(shared, state, group, bytes, inline) {
+        Ok(results) => Ok(results),
+        Err(Refused::Stalled) => Err(Refused::Stalled),
+        Err(Refused::Failed(err)) => {
+            let reason = format!("a log write failed, appends are refused until restart: {err}");
+            tracing::error!(error = %err, "embedded log write failed");
+            // Set once, by whichever writer failed first; a reopen starts with a fresh
+            // `Shared`.
+            let _ = shared.fault.set(reason);
+            shared
+                .write_failures
+                .fetch_add(group.len() as u64, Ordering::Relaxed);
+            Err(Refused::Failed(err))
+        }
+    }
+}
+
+/// Writes one group durably; returns each append's (partition, offset) list, in order.
 fn commit(
     shared: &Shared,
-    tails: &mut HashMap<(TopicName, Partition), Tail>,
-    group: &[AppendRequest],
+    state: &mut WriterState,
+    group: &[Append],
     bytes: usize,
-    key: &mut Vec<u8>,
-    value: &mut Vec<u8>,
-) -> Result<Vec<Vec<(Partition, Offset)>>, LogError> {
+    inline: bool,
+) -> Result<Vec<Vec<(Partition, Offset)>>, Refused> {
+    let failed = |e: String| Refused::Failed(LogError::Storage(e));
     let cf = shared
         .db
         .cf_handle(RECORDS_CF)
-        .ok_or_else(|| LogError::Storage(format!("column family {RECORDS_CF} is missing")))?;
+        .ok_or_else(|| failed(format!("column family {RECORDS_CF} is missing")))?;
     let meta = shared
         .db
         .cf_handle(META_CF)
-        .ok_or_else(|| LogError::Storage(format!("column family {META_CF} is missing")))?;
+        .ok_or_else(|| failed(format!("column family {META_CF} is missing")))?;
     let now_ms = shared.cfg.clock.now_ms();
-    // Tails advance in this scratch map and are stored back only after the sync succeeded.
+    let WriterState { tails, key, value } = state;
+    // Tails advance in this scratch map and are stored back only after the write succeeded.
     let mut touched: HashMap<(TopicName, Partition), (Arc<TopicState>, Tail)> = HashMap::new();
     let items: usize = group.iter().map(|r| r.items.len()).sum();
     // Keys are at most a topic name plus 13 bytes; RocksDB adds a few bytes per entry.
@@ -163,22 +248,28 @@ fn commit(
     }
 
     #[cfg(test)]
+    if inline && shared.stall_next_inline.swap(false, Ordering::Relaxed) {
+        return Err(Refused::Stalled);
+    }
+    #[cfg(test)]
     if shared
         .fail_next_writes
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .is_ok()
     {
-        return Err(LogError::Storage(
-            "injected write failure (test)".to_owned(),
-        ));
+        return Err(failed("injected write failure (test)".to_owned()));
     }
     let sync_each = shared.cfg.sync_interval_ms.is_none();
     let mut opts = WriteOptions::default();
     opts.set_sync(sync_each);
-    shared
-        .db
-        .write_opt(batch, &opts)
-        .map_err(|e| LogError::Storage(e.into_string()))?;
+    opts.set_no_slowdown(inline);
+    match shared.db.write_opt(batch, &opts) {
+        Ok(()) => {}
+        Err(e) if inline && e.kind() == rocksdb::ErrorKind::Incomplete => {
+            return Err(Refused::Stalled)
+        }
+        Err(e) => return Err(failed(e.into_string())),
+    }
 
     if sync_each {
         shared.synced_writes.fetch_add(1, Ordering::Relaxed);
