@@ -1541,3 +1541,93 @@ async fn with_auth_the_console_feed_needs_the_admin_right_and_its_page_does_not(
         assert_eq!(a.json()["health"]["ok"], true, "{uri}");
     }
 }
+
+/// Goal: the SSE stream's wire format — `retry:` first, a `:heartbeat` comment when idle,
+/// each delivery as `id:` (its delivery id) and `data:` (its JSON), frames that hold whole
+/// events only (a batch goes out as one frame). Method: a stream with a 1,234 ms retry and
+/// a 50 ms heartbeat read frame by frame before and after three events are published.
+#[tokio::test]
+async fn an_sse_stream_sends_retry_heartbeats_and_whole_events_per_frame() {
+    let mut config = test_config();
+    config.server.stream_retry_ms = 1_234;
+    config.server.stream_heartbeat_ms = 50.try_into().expect("not 0");
+    let rig = rig_with(config).await;
+    let a = rig.subscribe("g", json!({"topic": "t"})).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.json());
+    let req = Request::builder()
+        .uri("/v1/subscriptions/g/stream?client=c")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let res = router(Listener::Traffic, rig.app.clone())
+        .oneshot(req)
+        .await
+        .unwrap_or_else(|e| match e {});
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["content-type"], "text/event-stream");
+    assert_eq!(res.headers()["cache-control"], "no-cache");
+    let mut body = res.into_body();
+    assert_eq!(next_frame(&mut body).await, "retry: 1234\n\n");
+    assert_eq!(
+        next_frame(&mut body).await,
+        ":heartbeat\n\n",
+        "idle: a comment"
+    );
+    for id in ["e1", "e2", "e3"] {
+        let a = rig.publish_structured("t", id).await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.json());
+    }
+    let mut events = Vec::new();
+    while events.len() < 3 {
+        let frame = next_frame(&mut body).await;
+        if frame == ":heartbeat\n\n" {
+            continue;
+        }
+        assert!(frame.ends_with("\n\n"), "whole events only: {frame:?}");
+        for block in frame.trim_end().split("\n\n") {
+            let mut lines = block.lines();
+            let id = lines.next().and_then(|l| l.strip_prefix("id: "));
+            let id = id.unwrap_or_else(|| panic!("id: first in {block:?}"));
+            let data: Vec<&str> = lines
+                .map(|l| l.strip_prefix("data: ").expect("data"))
+                .collect();
+            let d: Value = serde_json::from_str(&data.join("\n")).expect("data is JSON");
+            assert_eq!(d["deliveryId"], id, "id: is the delivery id");
+            events.push(d["event"]["id"].as_str().expect("event id").to_owned());
+        }
+    }
+    events.sort();
+    assert_eq!(events, vec!["e1", "e2", "e3"]);
+}
+
+/// The next frame of a streaming body, as text (within 10 s).
+async fn next_frame(body: &mut axum::body::Body) -> String {
+    let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("a frame within 10 s")
+        .expect("the stream goes on")
+        .expect("infallible");
+    let data = frame.into_data().expect("a data frame");
+    String::from_utf8(data.to_vec()).expect("UTF-8")
+}
+
+/// Goal: an event's JSON with line breaks in it (a publisher's pretty-printing, any of
+/// LF, CRLF, CR) goes out as one `data:` line per line, which an SSE client joins with LF
+/// into the same JSON. Method: `push_sse_event` on such text, read back as a client does.
+#[test]
+fn sse_data_with_line_breaks_is_split_into_data_lines() {
+    let mut frame = String::new();
+    super::streams::push_sse_event(&mut frame, "0.1.2", "{\n \"a\": 1,\r\n \"b\":\r2\n}");
+    assert_eq!(
+        frame,
+        "id: 0.1.2\ndata: {\ndata:  \"a\": 1,\ndata:  \"b\":\ndata: 2\ndata: }\n\n"
+    );
+    let joined: Vec<&str> = frame
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    let v: Value = serde_json::from_str(&joined.join("\n")).expect("JSON again");
+    assert_eq!(v, json!({"a": 1, "b": 2}));
+    let mut one = String::new();
+    super::streams::push_sse_event(&mut one, "1", "{}");
+    assert_eq!(one, "id: 1\ndata: {}\n\n");
+}
