@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use futures_util::sink::SinkExt;
 use futures_util::stream::{self, Stream as FutStream};
 use http::{HeaderMap, StatusCode, Version};
@@ -127,99 +127,56 @@ pub(super) async fn sse(
     let (stream, permit) = open(&app, &group, &q, slot.as_deref(), version).await?;
     let retry = Duration::from_millis(app.server.stream_retry_ms);
     let heartbeat = Duration::from_millis(app.server.stream_heartbeat_ms.get());
-    let frames = sse_frames(group, stream, permit, retry, heartbeat);
-    Ok((
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-        ],
-        axum::body::Body::from_stream(frames),
-    )
+    let events = sse_events(group, stream, permit, retry);
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat"))
         .into_response())
 }
 
-/// The stream's body: `retry:` first, then each batch of deliveries as ONE frame of SSE
-/// events (one chunk, one write: hyper writes at most a few chunks per write, so a frame
-/// per delivery cost a write every few deliveries), and a `:heartbeat` comment when
-/// `heartbeat` passes with nothing to send. A batch is reported written when the body asks
-/// for the next frame (hyper took the previous).
-fn sse_frames(
+/// The event stream of a session: `retry:` first, then the deliveries. Each batch is
+/// reported written when the body asks for the next one (hyper took the previous).
+fn sse_events(
     group: GroupName,
     stream: Stream,
     permit: OwnedSemaphorePermit,
     retry: Duration,
-    heartbeat: Duration,
-) -> impl FutStream<Item = Result<Bytes, Infallible>> {
+) -> impl FutStream<Item = Result<Event, Infallible>> {
     struct St {
         group: GroupName,
         stream: Stream,
         _permit: OwnedSemaphorePermit,
+        pending: std::vec::IntoIter<Event>,
         unreported: usize,
-        started: bool,
     }
+    let first = vec![Event::default().retry(retry)].into_iter();
     let st = St {
         group,
         stream,
         _permit: permit,
+        pending: first,
         unreported: 0,
-        started: false,
     };
-    stream::unfold(st, move |mut st| async move {
-        if !std::mem::replace(&mut st.started, true) {
-            let retry = format!("retry: {}\n\n", retry.as_millis());
-            return Some((Ok(Bytes::from(retry)), st));
-        }
+    stream::unfold(st, |mut st| async move {
         loop {
+            if let Some(e) = st.pending.next() {
+                return Some((Ok(e), st));
+            }
             if st.unreported > 0 {
                 st.stream.written(st.unreported);
                 st.unreported = 0;
             }
-            // `next` is cancel-safe: it takes deliveries only when it returns them.
-            let batch = match tokio::time::timeout(heartbeat, st.stream.next(BATCH)).await {
-                Err(_) => return Some((Ok(Bytes::from_static(b":heartbeat\n\n")), st)),
-                Ok(None) => return None,
-                Ok(Some(batch)) => batch,
-            };
+            let batch = st.stream.next(BATCH).await?;
             st.unreported = batch.len();
-            let mut frame = String::new();
+            let mut events = Vec::with_capacity(batch.len());
             for d in &batch {
                 let _deliver = crate::trace::deliver_span(&st.group, d, "sse").entered();
                 if let Some(json) = DeliveryView::json(&st.group, d) {
-                    push_sse_event(&mut frame, &d.id.to_string(), &json);
+                    events.push(Event::default().id(d.id.to_string()).data(json));
                 }
             }
-            if !frame.is_empty() {
-                return Some((Ok(Bytes::from(frame)), st));
-            }
+            st.pending = events.into_iter();
         }
     })
-}
-
-/// Appends one SSE event: `id:`, then a `data:` line per line of `data` (an event's JSON
-/// keeps the line breaks its publisher put in it; a client joins the lines again).
-pub(super) fn push_sse_event(frame: &mut String, id: &str, data: &str) {
-    frame.reserve(data.len() + id.len() + 16);
-    frame.push_str("id: ");
-    frame.push_str(id);
-    frame.push('\n');
-    let mut rest = data;
-    loop {
-        let (line, next) = match rest.find(['\r', '\n']) {
-            Some(i) => {
-                let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
-                (&rest[..i], Some(&rest[i + skip..]))
-            }
-            None => (rest, None),
-        };
-        frame.push_str("data: ");
-        frame.push_str(line);
-        frame.push('\n');
-        match next {
-            Some(next) => rest = next,
-            None => break,
-        }
-    }
-    frame.push('\n');
 }
 
 /// WebSocket: delivery frames out (the delivery JSON); in, `{"ack":[ids]}`,
