@@ -14,9 +14,10 @@
 //!
 //! ACKs, by transport, as a real client of it would send them:
 //! - `poll`: each poll's deliveries in one `POST …/ack`;
-//! - `sse`: by `POST …/ack`, whatever arrived in batches of up to `--poll` (at most 128, half
-//!   the stream's window) or when the stream is idle for 20 ms;
-//! - `ws`: `{"ack":[…]}` frames, batched the same way; the answer frames come in order;
+//! - `sse`: by `POST …/ack`, what one read of the socket brought (as `poll` ACKs one
+//!   answer), in batches of up to `--poll` (at most 128, half the stream's window);
+//! - `ws`: `{"ack":[…]}` frames of up to 128, or of what it holds when nothing came for
+//!   1 ms (tungstenite does not say what it has buffered); the answers come in order;
 //! - `webhook`: the 2xx answer (one per event, or per batch with `push.batch`).
 
 use std::collections::VecDeque;
@@ -34,8 +35,9 @@ use crate::{cpu_seconds, json, process_cpu_seconds, topic_path, Call, Server, BA
 /// How long a run may take before it is called stuck.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// How long an SSE or WebSocket consumer waits for more before it ACKs what it holds.
-const IDLE_FLUSH: Duration = Duration::from_millis(20);
+/// How long an SSE or WebSocket consumer waits for more before it ACKs what it holds (an
+/// SSE consumer ACKs at once when it has read everything received: see `Consumer::sse`).
+const IDLE_FLUSH: Duration = Duration::from_millis(1);
 
 /// What one consumer measured, in µs. `()` measures nothing.
 pub trait Recorder: Send + 'static {
@@ -594,7 +596,13 @@ impl Consumer {
                     let d: Delivered<'_> = serde_json::from_str(&e.data)
                         .unwrap_or_else(|err| panic!("an SSE event that is not a delivery: {err}"));
                     self.read(&d, tally, rec, &mut acks);
-                    if acks.len() >= batch || tally.acked.get() + acks.len() >= self.events {
+                    // What one read brought is ACKed together, as a long-poll consumer ACKs
+                    // one answer: a batch of at most `batch` at saturation, without waiting
+                    // for more at a lower rate.
+                    if acks.len() >= batch
+                        || stream.drained()
+                        || tally.acked.get() + acks.len() >= self.events
+                    {
                         self.ack(&mut acks, tally, rec);
                     }
                 }

@@ -54,7 +54,8 @@ impl SseStream {
         }
         req.push_str("\r\n");
         s.write_all(req.as_bytes()).expect("write");
-        let mut reader = BufReader::new(s);
+        // 64 KiB: a read at saturation brings tens of events, which one ACK then settles.
+        let mut reader = BufReader::with_capacity(64 << 10, s);
         let mut head = String::new();
         loop {
             let mut line = String::new();
@@ -103,6 +104,15 @@ impl SseStream {
             let _ = self.reader.get_ref().set_read_timeout(Some(timeout));
             self.timeout = timeout;
         }
+    }
+
+    /// Nothing already received waits to be read but line ends (a chunk's closing CRLF):
+    /// the next event waits on the socket.
+    pub fn drained(&self) -> bool {
+        self.reader
+            .buffer()
+            .iter()
+            .all(|b| matches!(b, b'\r' | b'\n'))
     }
 
     /// Like [`SseStream::next_event`], but gives up after `idle` without a complete event.
