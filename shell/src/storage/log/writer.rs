@@ -70,6 +70,18 @@ pub(crate) struct WriterState {
 /// a few. Larger batches go to the writer thread, which runs beside the async workers.
 pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
+/// One group to write: appends in order, their payload bytes, and whether the caller's
+/// thread writes it (inline: never waits out a write stall).
+#[derive(Clone, Copy)]
+struct Group<'a> {
+    appends: &'a [Append],
+    bytes: usize,
+    inline: bool,
+}
+
+/// Each append's (partition, offset) list, in order, or why none was written.
+type Written = Result<Vec<Vec<(Partition, Offset)>>, Refused>;
+
 /// Why a group was not written.
 enum Refused {
     /// An inline write met a RocksDB write stall and did not wait (nothing was written).
@@ -95,7 +107,12 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
             group.into_iter().map(|r| (r.append, r.reply)).unzip();
         let written = {
             let mut state = lock(&shared.writer);
-            write_group(&shared, &mut state, &appends, bytes, false)
+            let group = Group {
+                appends: &appends,
+                bytes,
+                inline: false,
+            };
+            write_group(&shared, &mut state, group)
         };
         // A publisher that gave up waiting dropped its receiver: nothing to tell it.
         match written {
@@ -139,8 +156,12 @@ pub(crate) fn try_inline(
     let Ok(mut state) = shared.writer.try_lock() else {
         return Err(append);
     };
-    let group = std::slice::from_ref(&append);
-    match write_group(shared, &mut state, group, append.bytes, true) {
+    let group = Group {
+        appends: std::slice::from_ref(&append),
+        bytes: append.bytes,
+        inline: true,
+    };
+    match write_group(shared, &mut state, group) {
         Ok(mut results) => {
             shared.inline_appends.fetch_add(1, Ordering::Relaxed);
             Ok(Ok(results.pop().unwrap_or_default()))
@@ -155,20 +176,13 @@ pub(crate) fn try_inline(
 
 /// Writes one group, or refuses it whole: the log's fault once a write failed (every later
 /// group too), or a stall met by an inline write.
-fn write_group(
-    shared: &Shared,
-    state: &mut WriterState,
-    group: &[Append],
-    bytes: usize,
-    inline: bool,
-) -> Result<Vec<Vec<(Partition, Offset)>>, Refused> {
+fn write_group(shared: &Shared, state: &mut WriterState, group: Group<'_>) -> Written {
+    let refused = group.appends.len() as u64;
     if let Some(reason) = shared.fault.get() {
-        shared
-            .write_failures
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        shared.write_failures.fetch_add(refused, Ordering::Relaxed);
         return Err(Refused::Failed(LogError::Unavailable(reason.clone())));
     }
-    match commit(shared, state, group, bytes, inline) {
+    match commit(shared, state, group) {
         Ok(results) => Ok(results),
         Err(Refused::Stalled) => Err(Refused::Stalled),
         Err(Refused::Failed(err)) => {
@@ -177,22 +191,19 @@ fn write_group(
             // Set once, by whichever writer failed first; a reopen starts with a fresh
             // `Shared`.
             let _ = shared.fault.set(reason);
-            shared
-                .write_failures
-                .fetch_add(group.len() as u64, Ordering::Relaxed);
+            shared.write_failures.fetch_add(refused, Ordering::Relaxed);
             Err(Refused::Failed(err))
         }
     }
 }
 
 /// Writes one group durably; returns each append's (partition, offset) list, in order.
-fn commit(
-    shared: &Shared,
-    state: &mut WriterState,
-    group: &[Append],
-    bytes: usize,
-    inline: bool,
-) -> Result<Vec<Vec<(Partition, Offset)>>, Refused> {
+fn commit(shared: &Shared, state: &mut WriterState, group: Group<'_>) -> Written {
+    let Group {
+        appends: group,
+        bytes,
+        inline,
+    } = group;
     let failed = |e: String| Refused::Failed(LogError::Storage(e));
     let cf = shared
         .db
