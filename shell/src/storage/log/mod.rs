@@ -396,6 +396,8 @@ pub struct LogStats {
     pub synced_writes: u64,
     /// Appends refused because a write failed.
     pub write_failures: u64,
+    /// Appends written on their caller's thread (`sync_interval_ms`, see `writer.rs`).
+    pub inline_appends: u64,
 }
 
 #[cfg(feature = "rocksdb")]
@@ -695,6 +697,7 @@ impl EmbeddedLog {
             records_appended: shared.records_appended.load(Ordering::Relaxed),
             synced_writes: shared.synced_writes.load(Ordering::Relaxed),
             write_failures: shared.write_failures.load(Ordering::Relaxed),
+            inline_appends: shared.inline_appends.load(Ordering::Relaxed),
         }
     }
 
@@ -702,12 +705,6 @@ impl EmbeddedLog {
     /// appends work. Health checks report it so an operator (or orchestrator) restarts.
     pub fn fault(&self) -> Option<String> {
         self.inner.shared.fault.get().cloned()
-    }
-
-    /// Appends written on their caller's thread (see `writer::try_inline`).
-    #[cfg(test)]
-    pub(crate) fn inline_appends(&self) -> u64 {
-        self.inner.shared.inline_appends.load(Ordering::Relaxed)
     }
 
     /// Makes the next inline write meet a RocksDB write stall.

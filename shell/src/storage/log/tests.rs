@@ -42,6 +42,18 @@ fn open(dir: &Path) -> EmbeddedLog {
     EmbeddedLog::open(LogConfig::new(dir)).unwrap()
 }
 
+/// A log in `dir` fsynced every 10 ms rather than per write (`sync_interval_ms`), where
+/// small appends may be written on their caller's thread.
+fn open_interval(dir: &Path) -> EmbeddedLog {
+    EmbeddedLog::open(interval_config(dir, Some(10))).unwrap()
+}
+
+fn interval_config(dir: &Path, sync_interval_ms: Option<u64>) -> LogConfig {
+    let mut cfg = LogConfig::new(dir);
+    cfg.sync_interval_ms = sync_interval_ms;
+    cfg
+}
+
 /// Every record of a partition, read in pages of 7 to exercise paging.
 fn read_all(log: &EmbeddedLog, t: &TopicName, p: Partition) -> Vec<(Offset, Bytes)> {
     let (mut from, end) = log.offsets(t, p).unwrap();
@@ -256,7 +268,7 @@ async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
     let stats = log.stats();
     assert!((1..=64 * 20).contains(&stats.synced_writes), "{stats:?}");
     assert_eq!(
-        log.inline_appends(),
+        log.stats().inline_appends,
         0,
         "an fsync per write is never inline"
     );
@@ -270,21 +282,19 @@ async fn concurrent_appends_get_distinct_dense_offsets_and_are_all_readable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_a_sync_interval_inline_and_queued_appends_share_dense_offsets() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = LogConfig::new(dir.path());
-    cfg.sync_interval_ms = Some(10);
-    let log = EmbeddedLog::open(cfg).unwrap();
+    let log = open_interval(dir.path());
     let warm = topic("warm");
     for i in 0..5u64 {
         let got = log.append(&warm, vec![item(Some("k"), "x")]).await.unwrap();
         assert_eq!(got[0].1, i);
     }
     assert_eq!(
-        log.inline_appends(),
+        log.stats().inline_appends,
         5,
         "an idle writer lets its callers write"
     );
     concurrent_appends(&log).await;
-    let inline = log.inline_appends() - 5;
+    let inline = log.stats().inline_appends - 5;
     assert!(
         inline <= 64 * 16,
         "large appends are queued: {inline} inline"
@@ -358,27 +368,29 @@ async fn concurrent_appends(log: &EmbeddedLog) {
 #[tokio::test]
 async fn an_inline_append_that_meets_a_write_stall_is_written_by_the_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = LogConfig::new(dir.path());
-    cfg.sync_interval_ms = Some(10);
-    let log = EmbeddedLog::open(cfg).unwrap();
+    let log = open_interval(dir.path());
     let t = topic("stalled");
     log.create_topic(&t, 1).unwrap();
     assert_eq!(
         log.append(&t, vec![item(None, "a")]).await.unwrap(),
         vec![(0, 0)]
     );
-    assert_eq!(log.inline_appends(), 1);
+    assert_eq!(log.stats().inline_appends, 1);
     log.stall_next_inline();
     assert_eq!(
         log.append(&t, vec![item(None, "b")]).await.unwrap(),
         vec![(0, 1)]
     );
-    assert_eq!(log.inline_appends(), 1, "the stalled append was queued");
+    assert_eq!(
+        log.stats().inline_appends,
+        1,
+        "the stalled append was queued"
+    );
     assert_eq!(
         log.append(&t, vec![item(None, "c")]).await.unwrap(),
         vec![(0, 2)]
     );
-    assert_eq!(log.inline_appends(), 2);
+    assert_eq!(log.stats().inline_appends, 2);
     assert_eq!(
         read_all(&log, &t, 0),
         vec![
@@ -772,11 +784,10 @@ async fn a_failed_inline_write_stops_appends_names_the_fault_and_a_reopen_recove
 async fn a_failed_write_stops_appends(sync_interval_ms: Option<u64>) {
     let dir = tempfile::tempdir().unwrap();
     let t = topic("faulty");
-    let mut cfg = LogConfig::new(dir.path());
-    cfg.sync_interval_ms = sync_interval_ms;
-    let open = |_: &Path| EmbeddedLog::open(cfg.clone()).unwrap();
+    let cfg = interval_config(dir.path(), sync_interval_ms);
+    let open = || EmbeddedLog::open(cfg.clone()).unwrap();
     {
-        let log = open(dir.path());
+        let log = open();
         log.create_topic(&t, 1).unwrap();
         log.append(&t, vec![item(None, "kept")]).await.unwrap();
         assert_eq!(log.fault(), None);
@@ -795,7 +806,7 @@ async fn a_failed_write_stops_appends(sync_interval_ms: Option<u64>) {
         assert_eq!(log.stats().write_failures, 2);
         let inline = if sync_interval_ms.is_some() { 1 } else { 0 };
         assert_eq!(
-            log.inline_appends(),
+            log.stats().inline_appends,
             inline,
             "only the first append was written"
         );
@@ -803,7 +814,7 @@ async fn a_failed_write_stops_appends(sync_interval_ms: Option<u64>) {
         assert_eq!(read_all(&log, &t, 0), vec![(0, Bytes::from("kept"))]);
         log.close().unwrap();
     }
-    let log = open(dir.path());
+    let log = open();
     assert_eq!(log.fault(), None);
     let got = log.append(&t, vec![item(None, "after")]).await.unwrap();
     assert_eq!(got, vec![(0, 1)]);

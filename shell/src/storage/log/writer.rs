@@ -72,7 +72,6 @@ pub(crate) const INLINE_MAX_BYTES: usize = 16 << 10;
 
 /// One group to write: appends in order, their payload bytes, and whether the caller's
 /// thread writes it (inline: never waits out a write stall).
-#[derive(Clone, Copy)]
 struct Group<'a> {
     appends: &'a [Append],
     bytes: usize,
@@ -87,6 +86,19 @@ enum Refused {
     /// An inline write met a RocksDB write stall and did not wait (nothing was written).
     Stalled,
     Failed(LogError),
+}
+
+impl Refused {
+    /// What the writer thread answers. It writes with `no_slowdown` off, so RocksDB waits
+    /// out a stall there and `Stalled` never comes back to it.
+    fn into_error(self) -> LogError {
+        match self {
+            Refused::Failed(err) => err,
+            Refused::Stalled => {
+                LogError::Unavailable("a log write refused to wait out a write stall".to_owned())
+            }
+        }
+    }
 }
 
 pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
@@ -121,17 +133,10 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<AppendRequest>) {
                     let _ = reply.send(Ok(result));
                 }
             }
-            Err(Refused::Failed(err)) => {
+            Err(refused) => {
+                let err = refused.into_error();
                 for reply in replies {
                     let _ = reply.send(Err(err.clone()));
-                }
-            }
-            Err(Refused::Stalled) => {
-                debug_assert!(false, "only an inline write refuses to wait");
-                for reply in replies {
-                    let _ = reply.send(Err(LogError::Unavailable(
-                        "a log write refused to wait out a write stall".to_owned(),
-                    )));
                 }
             }
         }
@@ -167,10 +172,7 @@ pub(crate) fn try_inline(
             Ok(Ok(results.pop().unwrap_or_default()))
         }
         Err(Refused::Failed(err)) => Ok(Err(err)),
-        Err(Refused::Stalled) => {
-            drop(state);
-            Err(append)
-        }
+        Err(Refused::Stalled) => Err(append),
     }
 }
 
@@ -200,7 +202,7 @@ fn write_group(shared: &Shared, state: &mut WriterState, group: Group<'_>) -> Wr
 /// Writes one group durably; returns each append's (partition, offset) list, in order.
 fn commit(shared: &Shared, state: &mut WriterState, group: Group<'_>) -> Written {
     let Group {
-        appends: group,
+        appends,
         bytes,
         inline,
     } = group;
@@ -217,12 +219,12 @@ fn commit(shared: &Shared, state: &mut WriterState, group: Group<'_>) -> Written
     let WriterState { tails, key, value } = state;
     // Tails advance in this scratch map and are stored back only after the write succeeded.
     let mut touched: HashMap<(TopicName, Partition), (Arc<TopicState>, Tail)> = HashMap::new();
-    let items: usize = group.iter().map(|r| r.items.len()).sum();
+    let items: usize = appends.iter().map(|r| r.items.len()).sum();
     // Keys are at most a topic name plus 13 bytes; RocksDB adds a few bytes per entry.
     let per_record = codec::RECORD_HEADER_LEN + unimesh_core::types::MAX_NAME_BYTES + 32;
     let mut batch = WriteBatch::with_capacity_bytes(bytes + items * per_record);
-    let mut results = Vec::with_capacity(group.len());
-    for request in group {
+    let mut results = Vec::with_capacity(appends.len());
+    for request in appends {
         let mut assigned = Vec::with_capacity(request.items.len());
         for (partition, payload) in &request.items {
             let id = (request.topic.name.clone(), *partition);
@@ -296,7 +298,7 @@ fn commit(shared: &Shared, state: &mut WriterState, group: Group<'_>) -> Written
     let partitions = shared.partitions_total.load(Ordering::Relaxed).max(1);
     let cap = usize::try_from(shared.cfg.read_cache_bytes as u64 / partitions).unwrap_or(0);
     if cap > 0 {
-        for (request, assigned) in group.iter().zip(&results) {
+        for (request, assigned) in appends.iter().zip(&results) {
             for ((partition, payload), &(_, offset)) in request.items.iter().zip(assigned) {
                 request.topic.remember(*partition, offset, payload, cap);
             }
